@@ -1,0 +1,520 @@
+"""Turn data-state events into a program activity graph.
+
+The builder applies the mapping rules of the data model:
+
+* a graph reaching the scheduler creates a ``root`` state;
+* a task computed on worker ``W`` from inputs ``D1..Dn`` (each a state in
+  ``W``'s memory) creates ``key@memory@W`` with one mutation per input:
+  ``APPEND`` from the graph's root for ``n = 0``, ``CONVERT`` for ``n = 1``,
+  ``MERGE`` for ``n >= 2``, and ``SPLIT`` where one input feeds ``k > 1``
+  single-input siblings of the same task group;
+* moving data between locations (worker to worker, spill, file I/O, client)
+  is a ``TRANSFER``; releasing data is a ``DELETE`` to a zero-size tombstone.
+
+Events come from several sources with different latencies (the scheduler sees
+a task finish before the worker that ran it has reported the transfer of its
+inputs).  An event whose input is not yet known is *parked* until the state it
+needs appears, and applied with the best available input by
+:meth:`PAGBuilder.resolve_parked` (on a flush, or after a timeout).
+
+Events are plain tuples ``(kind, *fields)`` with the fields of
+:data:`EVENT_KINDS`; this is also what the wire format carries.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from crux_dask.codec import decode_batch
+from crux_dask.schema import CLIENT, EVENT_KINDS, ROOT, MutationKind, memory_location
+from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
+
+if TYPE_CHECKING:
+    from crux_dask.pag import PAG
+
+__all__ = ["EVENT_KINDS", "PAGBuilder"]
+
+_TRANSFER = int(MutationKind.TRANSFER)
+_CONVERT = int(MutationKind.CONVERT)
+_APPEND = int(MutationKind.APPEND)
+_SPLIT = int(MutationKind.SPLIT)
+_MERGE = int(MutationKind.MERGE)
+_DELETE = int(MutationKind.DELETE)
+
+#: Bits reserved for the location code in the composite ``(key, location)`` index.
+_LOCATION_BITS = 24
+#: Locations whose data Dask reports itself, so a missing state is worth waiting for.
+_AWAITED = ("memory@", "disk@")
+_HEX = re.compile(r"[a-f0-9]+")
+
+class PAGBuilder:
+    """Build a :class:`~crux_dask.store.PAGStore` from events.
+
+    Parameters
+    ----------
+    run_id : str, optional
+        Identifier of the run; a new uuid4 hex by default.
+
+    Attributes
+    ----------
+    store : PAGStore
+        The graph being built.
+    end : int
+        The latest state that is not a root or a tombstone (``-1`` while none).
+    n_applied : int
+        Events turned into states.
+    n_parked_total : int
+        Events that had to wait for an input.
+    n_fallbacks : int
+        Inputs that never arrived and were replaced by the best state known.
+    """
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.store = store = PAGStore(run_id or uuid.uuid4().hex)
+        self.end = -1
+        self._end_time = float("-inf")
+        self.n_applied = 0
+        self.n_parked_total = 0
+        self.n_fallbacks = 0
+        # Where data lives now: key -> its newest live state, and for data held
+        # in several places, key -> {location: state} of the other copies.
+        self._live: dict[str, int] = {}
+        self._copies: dict[str, dict[int, int]] = {}
+        # source state -> (task group code, its first single-input mutation, -1 once split)
+        self._fanout: dict[int, tuple[int, int]] = {}
+        # (key, location) -> events waiting for that state; when they started waiting
+        self._parked: dict[tuple[str, int], list[tuple]] = {}
+        self._parked_at: dict[tuple[str, int], float] = {}
+        self._ready: list[tuple[str, int]] = []
+        self._resolving = False
+        self._roots: set[int] = set()
+        self._run_root = -1
+        self._memory_codes: dict[str, int] = {}
+        self._location_workers: dict[int, int] = {}
+        self._root_key = store.key_code(ROOT, ROOT, "crux")
+        self._root_location = self._location(ROOT)
+        self._dispatch = {
+            "compute": self._compute,
+            "transfer": self._transfer,
+            "delete": self._delete,
+            "root": self._root,
+        }
+        self._add_state = (
+            store.state_time.append, store.state_start.append, store.state_size.append,
+            store.state_key.append, store.state_location.append,
+            store.state_worker.append, store.state_thread.append, store.state_pred.append,
+        )
+        self._add_mutation = (
+            store.mutation_src.append, store.mutation_dst.append,
+            store.mutation_kind.append, store.mutation_busy.append,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    @property
+    def n_parked(self) -> int:
+        """Events currently waiting for an input."""
+        return sum(len(v) for v in self._parked.values())
+
+    # -- public entry points ------------------------------------------------
+    def apply(self, event: Sequence[Any], now: float = 0.0) -> int | None:
+        """Apply one event ``(kind, *fields)``; see :data:`EVENT_KINDS`.
+
+        Parameters
+        ----------
+        event : tuple
+        now : float
+            The caller's clock, to time out events that wait for an input.
+
+        Returns
+        -------
+        int or None
+            The id of the state created, or ``None`` if nothing was created
+            (the event waits for an input, or releases data never recorded).
+        """
+        try:
+            handler = self._dispatch[event[0]]
+        except KeyError:
+            raise ValueError(f"unknown event kind {event[0]!r}") from None
+        return handler(event, now)
+
+    def apply_many(self, events: Iterable[Sequence[Any]], now: float = 0.0) -> None:
+        """Apply events in order."""
+        dispatch = self._dispatch
+        for event in events:
+            dispatch[event[0]](event, now)
+
+    def apply_batch(self, data: bytes, now: float = 0.0) -> int:
+        """Decode an encoded batch and apply its events; return how many.
+
+        Raises
+        ------
+        crux_dask.codec.BatchError
+            If the batch is malformed; then nothing of it is applied.
+        """
+        events = decode_batch(data).events
+        self.apply_many(events, now)
+        return len(events)
+
+    def root(self, time: float, label: str = "graph") -> int:
+        """A graph reached the scheduler at ``time``: create its root state."""
+        return self._root(("root", time, label))
+
+    def compute(self, key: str, worker: str, thread: int | None, start: float, stop: float,
+                nbytes: int, inputs: Sequence[str] = (), root: int = -1,
+                label: str | None = None, group: str | None = None, kind: str | None = None,
+                location: str | None = None, origin: str | None = None, *, now: float = 0.0
+                ) -> int | None:
+        """A task computed on ``worker`` from ``inputs`` (keys) between ``start`` and ``stop``.
+
+        ``root`` is the root state of the task's graph (used when there are no
+        inputs).  ``label`` defaults to the task prefix and ``group`` (the task
+        group, to recognise ``SPLIT``) to the label; ``kind`` and ``location``
+        override the mutation kind and the state's location (from
+        ``dask.annotate(crux=...)``); ``origin`` (default: the label) says what
+        produced the data, ``"erred"`` for a task that failed.  ``now`` is as
+        for :meth:`apply`.
+        """
+        return self._compute(("compute", key, worker, thread, start, stop, nbytes,
+                              tuple(inputs), root, label, group, kind, location, origin), now)
+
+    def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
+                 nbytes: int | None = None, *, now: float = 0.0) -> int | None:
+        """Data of ``key`` moved from location ``source`` to ``destination``.
+
+        Locations are strings such as ``memory@tcp://...``, ``disk@...``,
+        ``file@host:/path`` or ``client``.  A source Dask does not report (a
+        file written outside the workflow, data the client scattered) is
+        created on the fly, appended from the run's root.
+        """
+        return self._transfer(("transfer", key, source, destination, start, stop, nbytes), now)
+
+    def delete(self, key: str, location: str, time: float) -> int | None:
+        """Data of ``key`` released at ``location``; returns the tombstone's id."""
+        return self._delete(("delete", key, location, time))
+
+    def resolve_parked(self, older_than: float | None = None) -> int:
+        """Apply waiting events with the best input available; return how many.
+
+        Parameters
+        ----------
+        older_than : float, optional
+            Only events that started waiting before this time (the ``now``
+            they were applied with); all of them by default.
+        """
+        resolved = 0
+        while True:
+            due = [slot for slot, since in self._parked_at.items()
+                   if older_than is None or since < older_than]
+            if not due:
+                return resolved
+            for slot in due:
+                self._parked_at.pop(slot, None)
+                for event in self._parked.pop(slot, ()):
+                    self._resolving = True
+                    try:
+                        self.apply(event)
+                    finally:
+                        self._resolving = False
+                    resolved += 1
+
+    def pag(self) -> PAG:
+        """The graph so far, as a :class:`~crux_dask.pag.PAG` (shares the store)."""
+        from crux_dask.pag import PAG
+
+        return PAG([self.store], [self.end])
+
+    # -- event handlers -------------------------------------------------------
+    def _root(self, event: tuple, now: float = 0.0) -> int:
+        time = event[1]
+        sid = self._new_state(self._root_key, self._root_location, NO_CODE, NO_THREAD, 0,
+                              time, time, -1)
+        self._roots.add(sid)
+        if self._run_root < 0:
+            self._run_root = sid
+        self.n_applied += 1
+        return sid
+
+    def _compute(self, event: tuple, now: float = 0.0) -> int | None:
+        (_, key, worker, thread, start, stop, nbytes, inputs, root, label, group, kind,
+         location, origin) = event
+        memory = self._memory_codes.get(worker)
+        if memory is None:
+            memory = self._memory_location(worker)
+        store = self.store
+        live = self._live
+        where = store.state_location
+        time = store.state_time
+        sources = []
+        best = 0
+        best_time = float("-inf")
+        for name in inputs:
+            src = live.get(name)
+            if src is None or where[src] != memory:
+                src = self._copy_at(name, memory) if src is not None else None
+                if src is None:
+                    src = self._missing(name, memory, event, now)
+                    if src is None:
+                        return None
+            if time[src] > best_time:
+                best, best_time = len(sources), time[src]
+            sources.append(src)
+
+        labels = store.labels
+        if label is None:
+            label = _prefix(key)
+        label_code = labels.codes.get(label)
+        if label_code is None:
+            label_code = labels.code(label)
+        previous = live.get(key)
+        key_code = (store.key_code(key, label, origin) if previous is None
+                    else store.state_key[previous])
+        if kind is not None:
+            edge_kind = int(MutationKind.parse(kind))
+        elif not sources:
+            edge_kind = _APPEND
+        elif len(sources) == 1:
+            edge_kind = self._convert_or_split(
+                sources[0], label_code if group is None else labels.code(group))
+        else:
+            edge_kind = _MERGE
+        if not sources:
+            if root not in self._roots:
+                root = self._run_root if self._run_root >= 0 else self._root(("root", start))
+            sources.append(root)
+
+        location_code = memory if location is None else self._location(location)
+        dst = self._new_state(key_code, location_code, self._location_workers[memory],
+                              NO_THREAD if thread is None else thread, nbytes, start, stop,
+                              len(store.mutation_src) + best)
+        if location_code != memory:
+            self._live_add(key, memory, dst)
+        add_src, add_dst, add_kind, add_busy = self._add_mutation
+        busy = stop - start
+        for src in sources:
+            add_src(src)
+            add_dst(dst)
+            add_kind(edge_kind)
+            add_busy(busy)
+        self.n_applied += 1
+        if self._ready:
+            self._release_ready()
+        return dst
+
+    def _transfer(self, event: tuple, now: float = 0.0) -> int | None:
+        _, key, source, destination, start, stop, nbytes = event
+        store = self.store
+        src_loc = self._location(source)
+        src = self._live.get(key)
+        if src is not None and store.state_location[src] != src_loc:
+            src = self._copy_at(key, src_loc)
+        if src is None:
+            src = self._missing(key, src_loc, event, now, created=start)
+            if src is None:
+                return None
+        dst_loc = self._location(destination)
+        worker = self._location_workers[dst_loc]
+        dst = self._new_state(
+            store.state_key[src], dst_loc,
+            self._location_workers[src_loc] if worker == NO_CODE else worker, NO_THREAD,
+            store.state_size[src] if nbytes is None else nbytes, start, stop,
+            len(store.mutation_src),
+        )
+        self._mutation(src, dst, _TRANSFER, stop - start)
+        self.n_applied += 1
+        if self._ready:
+            self._release_ready()
+        return dst
+
+    def _delete(self, event: tuple, now: float = 0.0) -> int | None:
+        _, key, location, time = event
+        store = self.store
+        src = self._live.get(key)
+        loc = store.locations.codes.get(location)
+        if src is None or loc is None:
+            return None
+        if store.state_location[src] == loc:
+            copies = self._copies.get(key)
+            if copies:  # the newest other copy takes over
+                self._live[key] = copies.popitem()[1]
+                if not copies:
+                    del self._copies[key]
+            else:
+                del self._live[key]
+        else:
+            copies = self._copies.get(key)
+            src = copies.pop(loc, None) if copies else None
+            if src is None:
+                return None
+            if not copies:
+                del self._copies[key]
+        self._fanout.pop(src, None)
+        dst = len(store.state_time)
+        add_time, add_start, add_size, add_key, add_location, add_worker, add_thread, \
+            add_pred = self._add_state
+        add_time(time)
+        add_start(time)
+        add_size(0)
+        add_key(store.state_key[src])
+        add_location(loc)
+        add_worker(store.state_worker[src])
+        add_thread(NO_THREAD)
+        add_pred(len(store.mutation_src))
+        self._mutation(src, dst, _DELETE, 0.0)
+        self.n_applied += 1
+        return dst
+
+    # -- internals ----------------------------------------------------------
+    def _new_state(self, key: int, location: int, worker: int, thread: int, size: int,
+                   start: float, time: float, pred: int) -> int:
+        add_time, add_start, add_size, add_key, add_location, add_worker, add_thread, \
+            add_pred = self._add_state
+        sid = len(self.store.state_time)
+        add_time(time)
+        add_start(start)
+        add_size(size)
+        add_key(key)
+        add_location(location)
+        add_worker(worker)
+        add_thread(thread)
+        add_pred(pred)
+        if location != self._root_location:
+            self._live_add(self.store.keys.values[key], location, sid)
+            if time >= self._end_time:
+                self.end, self._end_time = sid, time
+        return sid
+
+    def _mutation(self, src: int, dst: int, kind: int, busy: float) -> None:
+        add_src, add_dst, add_kind, add_busy = self._add_mutation
+        add_src(src)
+        add_dst(dst)
+        add_kind(kind)
+        add_busy(busy)
+
+    def _location(self, name: str) -> int:
+        code = self.store.locations.codes.get(name)
+        if code is None:
+            code = self.store.locations.code(name)
+            worker = _worker_of(name)
+            self._location_workers[code] = (
+                NO_CODE if worker is None else self.store.workers.code(worker))
+        return code
+
+    def _memory_location(self, worker: str) -> int:
+        code = self._memory_codes[worker] = self._location(memory_location(worker))
+        return code
+
+    def _live_add(self, key: str, location: int, sid: int) -> None:
+        """``sid`` is now where ``key`` lives at ``location`` (and its newest copy)."""
+        previous = self._live.get(key)
+        self._live[key] = sid
+        if previous is not None:
+            previous_location = self.store.state_location[previous]
+            copies = self._copies.get(key)
+            if previous_location != location:
+                if copies is None:
+                    copies = self._copies[key] = {}
+                copies[previous_location] = previous
+            if copies:
+                copies.pop(location, None)
+        if self._parked and (key, location) in self._parked:
+            self._ready.append((key, location))
+
+    def _copy_at(self, key: str, location: int) -> int | None:
+        copies = self._copies.get(key)
+        return copies.get(location) if copies else None
+
+    def _release_ready(self) -> None:
+        """Apply the waiting events whose missing state has just appeared."""
+        while self._ready:
+            slot = self._ready.pop()
+            self._parked_at.pop(slot, None)
+            for event in self._parked.pop(slot, ()):
+                self.apply(event)
+
+    def _convert_or_split(self, src: int, group: int) -> int:
+        """Kind of a single-input mutation from ``src`` by a task of ``group``."""
+        seen = self._fanout.get(src)
+        mid = len(self.store.mutation_src)  # the mutation about to be added
+        if seen is None or seen[0] != group:
+            self._fanout[src] = (group, mid)
+            return _CONVERT
+        if seen[1] >= 0:  # the second sibling: the first one was a split too
+            self.store.mutation_kind[seen[1]] = _SPLIT
+            self._fanout[src] = (group, -1)
+        return _SPLIT
+
+    def _missing(self, key: str, location: int, event: tuple, now: float,
+                 created: float | None = None) -> int | None:
+        """A state the event needs is unknown: park the event, or pick a stand-in.
+
+        Returns the state to use, or ``None`` if the event now waits for it.
+        """
+        store = self.store
+        where = store.locations.values[location]
+        awaited = where.startswith(_AWAITED)
+        if awaited and not self._resolving:
+            slot = (key, location)
+            self._parked.setdefault(slot, []).append(event)
+            self._parked_at.setdefault(slot, now)
+            self.n_parked_total += 1
+            return None
+        newest = self._live.get(key)
+        if awaited:
+            self.n_fallbacks += 1
+            if newest is not None:  # the newest copy anywhere else
+                return newest
+        # Data Dask never reported (a file that already existed, data the client
+        # scattered, data older than the capture): it appears from the run's root.
+        if self._run_root < 0:
+            self._root(("root", 0.0 if created is None else created))
+        root = self._run_root
+        time = store.state_time[root] if created is None else created
+        key_code = (store.key_code(key, _label_of(key, where), _origin_of(where))
+                    if newest is None else store.state_key[newest])
+        sid = self._new_state(key_code, location, self._location_workers[location],
+                              NO_THREAD, 0, time, time, len(store.mutation_src))
+        self._mutation(root, sid, _APPEND, 0.0)
+        return sid
+
+
+def _prefix(key: str) -> str:
+    """Task prefix of a key string, as Dask's ``key_split``: ``"('inc-ab12', 0)"`` → ``"inc"``."""
+    words = key.split("-")
+    head = words[0]
+    if head and not head[0].isalpha():
+        head = head.split(",")[0].strip("_'()\\\" ")
+    parts = [head]
+    for word in words[1:]:
+        if word.isalpha() and not (len(word) == 8 and _HEX.fullmatch(word)):
+            parts.append(word)
+        else:
+            break
+    result = "-".join(parts)
+    if len(result) == 32 and _HEX.fullmatch(result):
+        return "data"
+    return result or "data"
+
+
+def _worker_of(location: str) -> str | None:
+    head, sep, rest = location.partition("@")
+    return rest if sep and head in ("memory", "disk") else None
+
+
+def _label_of(key: str, location: str) -> str:
+    if location.startswith("file@"):
+        return location.rpartition("/")[2] or location
+    return _prefix(key)
+
+
+def _origin_of(location: str) -> str:
+    if location == CLIENT:
+        return CLIENT
+    if location.startswith("file@"):
+        return "file"
+    return "unknown"

@@ -1,0 +1,129 @@
+"""The data model: data states (vertices) and data mutations (edges).
+
+A *data state* is a piece of data at a place at a time; a *data mutation* turns
+states into new states.  The column lists here are the contract of every table
+the project produces (live snapshots, Parquet exports, the JSON API).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "CLIENT",
+    "EVENT_KINDS",
+    "MUTATION_COLUMNS",
+    "ROOT",
+    "STATE_COLUMNS",
+    "MutationKind",
+    "disk_location",
+    "file_location",
+    "location_class",
+    "memory_location",
+]
+
+
+class MutationKind(enum.IntEnum):
+    """The six data mutations of the Crux model.
+
+    The integer values are stable: they are what the columnar store and the
+    wire format hold.
+    """
+
+    TRANSFER = 0  #: the same data moved to another location
+    CONVERT = 1  #: one input turned into new data
+    APPEND = 2  #: new data from nothing (a source task, a file appearing)
+    SPLIT = 3  #: one input fanned out to several sibling outputs
+    MERGE = 4  #: several inputs combined into one output
+    DELETE = 5  #: data released; the target is a zero-size tombstone
+
+    @classmethod
+    def parse(cls, value: str | int | MutationKind) -> MutationKind:
+        """Return the kind named by ``value`` (case-insensitive name or number).
+
+        Raises
+        ------
+        ValueError
+            If ``value`` names no kind.
+        """
+        if isinstance(value, MutationKind):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        names = ", ".join(k.name for k in cls)
+        raise ValueError(f"unknown mutation kind {value!r}; expected one of {names}")
+
+
+#: Columns of the data-state table, with their pandas dtypes.
+STATE_COLUMNS: dict[str, str] = {
+    "state_id": "int64",
+    "run_id": "str",
+    "key": "str",
+    "label": "str",
+    "size": "int64",
+    "time": "float64",
+    "origin": "str",
+    "location": "str",
+    "worker": "str",
+    "thread": "Int64",
+}
+
+#: Columns of the data-mutation table, with their pandas dtypes.
+MUTATION_COLUMNS: dict[str, str] = {
+    "mutation_id": "int64",
+    "run_id": "str",
+    "src": "int64",
+    "dst": "int64",
+    "kind": "str",
+    "cost": "float64",
+    "busy": "float64",
+    "start": "float64",
+    "stop": "float64",
+    "key": "str",
+    "worker": "str",
+    "thread": "Int64",
+}
+
+#: Event kinds understood by :meth:`crux_dask.builder.PAGBuilder.apply`, with their fields in order.
+EVENT_KINDS: dict[str, tuple[str, ...]] = {
+    "root": ("time", "label"),
+    "compute": (
+        "key", "worker", "thread", "start", "stop", "nbytes", "inputs", "root",
+        "label", "group", "kind", "location", "origin",
+    ),
+    "transfer": ("key", "source", "destination", "start", "stop", "nbytes"),
+    "delete": ("key", "location", "time"),
+}
+
+
+ROOT = "root"
+CLIENT = "client"
+
+
+def memory_location(worker: str) -> str:
+    """Location of data held in a worker's memory."""
+    return f"memory@{worker}"
+
+
+def disk_location(worker: str) -> str:
+    """Location of data a worker spilled to its local disk."""
+    return f"disk@{worker}"
+
+
+def file_location(host: str, path: str) -> str:
+    """Location of a file on a host's file system."""
+    return f"file@{host}:{path}"
+
+
+def location_class(location: str) -> str:
+    """The class of a location: ``memory``, ``disk``, ``file``, ``client`` or ``root``."""
+    head, sep, _ = location.partition("@")
+    return head if sep else location

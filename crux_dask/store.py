@@ -1,0 +1,210 @@
+"""Columnar, append-only storage of a program activity graph.
+
+No Python object is kept per state or per mutation: every column is an
+:class:`array.array` of machine numbers, and strings are dictionary-encoded into
+small tables.  A state's id is its row number, a mutation's id is its row
+number, and because a mutation is only ever recorded towards a state created
+after its source, state ids are a topological order of the graph.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from crux_dask.schema import MUTATION_COLUMNS, STATE_COLUMNS, MutationKind
+
+__all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable"]
+
+#: Sentinel for "no thread" in the integer thread column.
+NO_THREAD = -1
+#: Sentinel for "no string" in a dictionary-encoded column.
+NO_CODE = -1
+
+_KIND_NAMES = np.array([k.name for k in MutationKind], dtype=object)
+
+
+class StringTable:
+    """Dictionary encoding of strings to dense integer codes.
+
+    Attributes
+    ----------
+    values : list of str
+        The string of each code.
+    codes : dict
+        The code of each string.
+    """
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, values: list[str] | None = None) -> None:
+        self.values: list[str] = []
+        self.codes: dict[str, int] = {}
+        for value in values or ():
+            self.code(value)
+
+    def code(self, value: str) -> int:
+        """Return the code of ``value``, adding it if new."""
+        code = self.codes.get(value)
+        if code is None:
+            code = self.codes[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def decode(self, codes: np.ndarray) -> pd.Series:
+        """Strings of ``codes`` (``NO_CODE`` becomes missing) as a string Series."""
+        values = self.values
+        if len(codes) * 8 < len(values):  # a few rows of a large table
+            strings = [values[c] if c >= 0 else None for c in codes.tolist()]
+        else:
+            strings = np.array([*values, None], dtype=object)[codes]
+        return pd.Series(strings, dtype="str")
+
+    def nbytes(self) -> int:
+        """Approximate memory held by the table, in bytes."""
+        total = sys.getsizeof(self.values) + sys.getsizeof(self.codes)
+        return total + sum(sys.getsizeof(v) for v in self.values)
+
+
+class PAGStore:
+    """The columns of one run's program activity graph.
+
+    Parameters
+    ----------
+    run_id : str
+        Identifier of the run the graph belongs to.
+
+    Notes
+    -----
+    Per key (indexed by key code): ``key_label`` and ``key_origin``, codes
+    into :attr:`labels`; every state of a key shares them.
+
+    Per state: ``time`` (creation, seconds since the epoch in the scheduler's
+    clock), ``start`` (when the operation that created it began), ``size``
+    (bytes), ``key``/``location``/``worker`` (codes), ``thread`` and ``pred``:
+    the mutation through which the state's last-arriving input came (``-1``
+    for none).
+
+    Per mutation: ``src``, ``dst`` (state ids), ``kind``
+    (:class:`~crux_dask.schema.MutationKind` value) and ``busy``.  A
+    mutation is part of the operation that created its target, so its
+    ``start``/``stop`` are the target's ``start``/``time``, and its ``cost``,
+    ``key``, ``worker`` and ``thread`` are derived from its endpoints.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.keys = StringTable()  # codes are not unique per key: see key_code
+        self.labels = StringTable()
+        self.locations = StringTable()
+        self.workers = StringTable()
+        self.key_label = array("i")
+        self.key_origin = array("i")
+        self.state_time = array("d")
+        self.state_start = array("d")
+        self.state_size = array("q")
+        self.state_key = array("i")
+        self.state_location = array("i")
+        self.state_worker = array("i")
+        self.state_thread = array("q")
+        self.state_pred = array("i")
+        self.mutation_src = array("i")
+        self.mutation_dst = array("i")
+        self.mutation_kind = array("b")
+        self.mutation_busy = array("d")
+
+    @property
+    def n_states(self) -> int:
+        return len(self.state_time)
+
+    @property
+    def n_mutations(self) -> int:
+        return len(self.mutation_src)
+
+    def key_code(self, key: str, label: str, origin: str | None = None) -> int:
+        """A new code for ``key``, labelled ``label``, from ``origin`` (default: label).
+
+        Keys are not looked up: data computed again after it was released
+        gets a second code for the same string, so no index of every key ever
+        seen has to be kept.
+        """
+        values = self.keys.values
+        values.append(key)
+        label_code = self.labels.code(label)
+        self.key_label.append(label_code)
+        self.key_origin.append(label_code if origin is None else self.labels.code(origin))
+        return len(values) - 1
+
+    def nbytes(self) -> int:
+        """Approximate memory held by the columns and string tables, in bytes."""
+        columns = [v for v in vars(self).values() if isinstance(v, array)]
+        tables = [self.keys, self.labels, self.locations, self.workers]
+        return sum(sys.getsizeof(c) for c in columns) + sum(t.nbytes() for t in tables)
+
+    # -- numpy access ---------------------------------------------------------
+    def column(self, name: str, ids: np.ndarray | None = None) -> np.ndarray:
+        """A numpy copy of one column (``state_time``, ``mutation_src``, ...).
+
+        With ``ids``, only those rows, in that order.
+        """
+        values = getattr(self, name)
+        if not len(values):
+            return np.empty(0, dtype=values.typecode)
+        view = np.frombuffer(values, dtype=values.typecode)
+        # Copy at once: a live view would stop the column from growing.
+        return view.copy() if ids is None else view[ids]
+
+    # -- snapshots -----------------------------------------------------------
+    def states_frame(self, ids: np.ndarray | None = None) -> pd.DataFrame:
+        """The data-state table (DESIGN §2 columns), or its rows ``ids`` in that order."""
+        ids = np.arange(self.n_states) if ids is None else np.asarray(ids, dtype="int64")
+        key = self.column("state_key", ids)
+        return pd.DataFrame(
+            {
+                "state_id": ids,
+                "run_id": pd.Series([self.run_id] * len(ids), dtype="str"),
+                "key": self.keys.decode(key),
+                "label": self.labels.decode(self.column("key_label", key)),
+                "size": self.column("state_size", ids),
+                "time": self.column("state_time", ids),
+                "origin": self.labels.decode(self.column("key_origin", key)),
+                "location": self.locations.decode(self.column("state_location", ids)),
+                "worker": self.workers.decode(self.column("state_worker", ids)),
+                "thread": _nullable(self.column("state_thread", ids)),
+            }
+        ).astype(STATE_COLUMNS)
+
+    def mutations_frame(self, ids: np.ndarray | None = None) -> pd.DataFrame:
+        """The data-mutation table (DESIGN §2 columns), or its rows ``ids`` in that order."""
+        ids = np.arange(self.n_mutations) if ids is None else np.asarray(ids, dtype="int64")
+        src = self.column("mutation_src", ids).astype("int64")
+        dst = self.column("mutation_dst", ids).astype("int64")
+        stop = self.column("state_time", dst)
+        return pd.DataFrame(
+            {
+                "mutation_id": ids,
+                "run_id": pd.Series([self.run_id] * len(ids), dtype="str"),
+                "src": src,
+                "dst": dst,
+                "kind": pd.Series(_KIND_NAMES[self.column("mutation_kind", ids)],
+                                  dtype="str"),
+                "cost": stop - self.column("state_time", src),
+                "busy": self.column("mutation_busy", ids),
+                "start": self.column("state_start", dst),
+                "stop": stop,
+                "key": self.keys.decode(self.column("state_key", dst)),
+                "worker": self.workers.decode(self.column("state_worker", dst)),
+                "thread": _nullable(self.column("state_thread", dst)),
+            }
+        ).astype(MUTATION_COLUMNS)
+
+
+def _nullable(thread: np.ndarray) -> pd.arrays.IntegerArray:
+    """Thread ids as a nullable integer array (``NO_THREAD`` becomes missing)."""
+    return pd.arrays.IntegerArray(thread.astype("int64"), thread == NO_THREAD)

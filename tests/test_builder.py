@@ -1,0 +1,194 @@
+"""The mapping rules: from events to exact states and mutations."""
+
+from __future__ import annotations
+
+import pytest
+
+from crux_dask import PAGBuilder
+
+A = "tcp://127.0.0.1:1001"
+B = "tcp://127.0.0.1:1002"
+
+
+def rows(builder: PAGBuilder):
+    pag = builder.pag()
+    return pag.states.set_index("state_id"), pag.mutations
+
+
+def test_first_task_is_appended_from_the_graph_root():
+    b = PAGBuilder()
+    root = b.root(10.0)
+    x = b.compute("x", A, 7, 10.5, 11.0, 80, (), root, "x")
+    states, mutations = rows(b)
+    assert states.loc[root, "location"] == "root"
+    assert states.loc[x, ["key", "location", "worker", "thread", "size", "time"]].tolist() == [
+        "x", f"memory@{A}", A, 7, 80, 11.0]
+    (edge,) = mutations.itertuples()
+    assert (edge.src, edge.dst, edge.kind) == (root, x, "APPEND")
+    assert edge.cost == pytest.approx(1.0) and edge.busy == pytest.approx(0.5)
+    assert (edge.start, edge.stop) == (10.5, 11.0)
+
+
+def test_single_input_is_a_convert():
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 1, 8, ())
+    y = b.compute("y", A, 1, 1, 3, 8, ("x",))
+    _, mutations = rows(b)
+    assert mutations.iloc[-1][["src", "dst", "kind", "busy", "cost"]].tolist() == [
+        x, y, "CONVERT", 2.0, 2.0]
+
+
+def test_several_inputs_merge_and_the_last_arrival_is_remembered():
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 5, 8, ())
+    y = b.compute("y", A, 1, 0, 2, 8, ())
+    z = b.compute("z", A, 1, 5, 6, 8, ("y", "x"))
+    _, mutations = rows(b)
+    merges = mutations[mutations["dst"] == z]
+    assert merges["kind"].tolist() == ["MERGE", "MERGE"]
+    assert merges["src"].tolist() == [y, x]
+    last = b.store.state_pred[z]
+    assert b.store.mutation_src[last] == x  # x became available last
+
+
+def test_fan_out_to_siblings_of_one_group_is_a_split():
+    b = PAGBuilder()
+    b.root(0.0)
+    whole = b.compute("whole", A, 1, 0, 1, 300, ())
+    parts = [b.compute(f"('part-1', {i})", A, 1, 1, 2, 100, ("whole",), label="part")
+             for i in range(3)]
+    other = b.compute("other", A, 1, 2, 3, 8, ("whole",), label="other")
+    _, mutations = rows(b)
+    from_whole = mutations[mutations["src"] == whole].set_index("dst")["kind"]
+    assert [from_whole[p] for p in parts] == ["SPLIT"] * 3
+    assert from_whole[other] == "CONVERT"
+
+
+def test_one_consumer_per_group_stays_a_convert():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 8, ())
+    b.compute("y", A, 1, 1, 2, 8, ("x",), label="y")
+    b.compute("z", A, 1, 1, 2, 8, ("x",), label="z")
+    _, mutations = rows(b)
+    assert mutations["kind"].tolist() == ["APPEND", "CONVERT", "CONVERT"]
+
+
+def test_transfer_moves_data_and_the_consumer_reads_the_copy():
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 1, 1000, ())
+    moved = b.transfer("x", f"memory@{A}", f"memory@{B}", 1.2, 1.5)
+    y = b.compute("y", B, 2, 1.5, 2, 8, ("x",))
+    states, mutations = rows(b)
+    assert states.loc[moved, ["key", "location", "worker", "size", "time"]].tolist() == [
+        "x", f"memory@{B}", B, 1000, 1.5]
+    transfer = mutations[mutations["dst"] == moved].iloc[0]
+    assert (transfer["src"], transfer["kind"]) == (x, "TRANSFER")
+    assert transfer["busy"] == pytest.approx(0.3) and transfer["cost"] == pytest.approx(0.5)
+    assert mutations[mutations["dst"] == y]["src"].tolist() == [moved]
+
+
+def test_release_is_a_delete_to_a_tombstone():
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 1, 1000, ())
+    gone = b.delete("x", f"memory@{A}", 4.0)
+    states, mutations = rows(b)
+    assert states.loc[gone, ["key", "size", "location", "time"]].tolist() == [
+        "x", 0, f"memory@{A}", 4.0]
+    assert mutations.iloc[-1][["src", "dst", "kind", "busy"]].tolist() == [
+        x, gone, "DELETE", 0.0]
+    assert b.delete("x", f"memory@{A}", 5.0) is None  # nothing left to release
+    assert b.end == x  # a tombstone never ends the workflow
+
+
+def test_spill_and_unspill_are_transfers_through_disk():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 1000, ())
+    on_disk = b.transfer("x", f"memory@{A}", f"disk@{A}", 2, 2.1)
+    b.delete("x", f"memory@{A}", 2.1)
+    back = b.transfer("x", f"disk@{A}", f"memory@{A}", 3, 3.2)
+    y = b.compute("y", A, 1, 3.2, 4, 8, ("x",))
+    states, mutations = rows(b)
+    assert states.loc[on_disk, "location"] == f"disk@{A}"
+    assert mutations[mutations["dst"] == back]["src"].tolist() == [on_disk]
+    assert mutations[mutations["dst"] == y]["src"].tolist() == [back]
+
+
+def test_a_consumer_reported_before_its_input_transfer_waits_for_it():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 1000, ())
+    assert b.compute("y", B, 2, 1.5, 2, 8, ("x",), now=100.0) is None
+    assert b.n_parked == 1
+    moved = b.transfer("x", f"memory@{A}", f"memory@{B}", 1.1, 1.4)
+    assert b.n_parked == 0
+    _, mutations = rows(b)
+    consumer = mutations[mutations["key"] == "y"]
+    assert consumer["src"].tolist() == [moved]
+
+
+def test_an_input_that_never_arrives_falls_back_to_the_newest_copy():
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 1, 1000, ())
+    b.compute("y", B, 2, 1.5, 2, 8, ("x",), now=100.0)
+    assert b.resolve_parked(older_than=50.0) == 0  # not old enough yet
+    assert b.resolve_parked(older_than=101.0) == 1
+    _, mutations = rows(b)
+    assert mutations[mutations["key"] == "y"]["src"].tolist() == [x]
+    assert b.n_fallbacks == 1
+
+
+def test_scattered_data_comes_from_the_client():
+    b = PAGBuilder()
+    b.root(0.0)
+    landed = b.transfer("data-1", "client", f"memory@{A}", 1.0, 1.5, 500)
+    back = b.transfer("data-1", f"memory@{A}", "client", 2.0, 2.5)
+    states, mutations = rows(b)
+    client = mutations[mutations["dst"] == landed]["src"].item()
+    assert states.loc[client, ["location", "origin"]].tolist() == ["client", "client"]
+    assert mutations[mutations["dst"] == client]["kind"].tolist() == ["APPEND"]
+    assert states.loc[back, ["location", "size"]].tolist() == ["client", 500]
+
+
+def test_reading_a_file_starts_from_a_file_state():
+    b = PAGBuilder()
+    b.root(0.0)
+    loaded = b.transfer("input.csv", "file@node1:/data/input.csv", f"memory@{A}", 1.0, 2.0,
+                        10_000_000)
+    states, mutations = rows(b)
+    file_state = mutations[mutations["dst"] == loaded]["src"].item()
+    assert states.loc[file_state, ["label", "location", "origin"]].tolist() == [
+        "input.csv", "file@node1:/data/input.csv", "file"]
+
+
+def test_annotations_override_kind_label_and_location():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 8, ())
+    out = b.compute("write-x", A, 1, 1, 3, 8, ("x",), label="out.nc", kind="APPEND",
+                    location="file@node1:/out.nc")
+    states, mutations = rows(b)
+    assert states.loc[out, ["label", "location"]].tolist() == ["out.nc", "file@node1:/out.nc"]
+    assert mutations.iloc[-1]["kind"] == "APPEND"
+
+
+def test_unknown_event_kinds_are_refused():
+    with pytest.raises(ValueError, match="unknown event kind 'explode'"):
+        PAGBuilder().apply(("explode", 1))
+
+
+def test_task_prefixes_follow_dask_key_split():
+    from dask.utils import key_split
+
+    from crux_dask.builder import _prefix
+
+    for key in ["inc-abc123", "('x-3f2a1b7c9d0e', 0, 1)", "('rechunk-merge-abc', 1)",
+                "finalize-0123456789abcdef0123456789abcdef", "hello-world-1",
+                "0123456789abcdef0123456789abcdef"]:
+        assert _prefix(key) == key_split(key), key

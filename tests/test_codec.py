@@ -1,0 +1,125 @@
+"""The wire format: round trips, and every kind of malformed batch rejected whole."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
+from crux_dask.codec import MAX_BATCH_BYTES
+
+texts = st.text(max_size=20)
+times = st.floats(0, 2e9, allow_nan=False)
+sizes = st.integers(0, 2**40)
+
+
+@st.composite
+def events(draw):
+    kind = draw(st.sampled_from(["compute", "transfer", "delete", "root"]))
+    if kind == "root":
+        return ("root", draw(times), draw(texts))
+    if kind == "delete":
+        return ("delete", draw(texts), draw(texts), draw(times))
+    start = draw(times)
+    stop = start + draw(st.floats(0, 100))
+    if kind == "transfer":
+        return ("transfer", draw(texts), draw(texts), draw(texts), start, stop,
+                draw(st.none() | sizes))
+    return ("compute", draw(texts), draw(texts), draw(st.none() | st.integers(0, 2**62)),
+            start, stop, draw(sizes), tuple(draw(st.lists(texts, max_size=4))),
+            draw(st.integers(-1, 100)), draw(st.none() | texts), draw(st.none() | texts),
+            draw(st.sampled_from([None, "MERGE", "append"])), draw(st.none() | texts),
+            draw(st.none() | texts))
+
+
+@settings(max_examples=300)
+@given(st.lists(events(), max_size=20), texts, st.integers(0, 2**32))
+def test_round_trip(batch, source, seq):
+    decoded = decode_batch(encode_batch(batch, source, seq))
+    assert (decoded.source, decoded.seq) == (source, seq)
+    assert decoded.events == batch
+
+
+def good_event():
+    return ["transfer", "x", "memory@a", "memory@b", 1.0, 2.0, 10]
+
+
+def packed(message) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def batch_of(*events, **fields) -> bytes:
+    message = {"v": 1, "source": "w", "seq": 0, "events": list(events)}
+    message.update(fields)
+    return packed(message)
+
+
+MALFORMED = {
+    "not bytes": ("a string", "must be bytes"),
+    "random bytes": (b"\xc1\xff\x00garbage", "not valid msgpack"),
+    "truncated": (batch_of(good_event())[:-3], "not valid msgpack"),
+    "not a map": (packed([1, 2, 3]), "must be a map"),
+    "missing field": (packed({"v": 1, "source": "w", "events": []}), "has the fields"),
+    "extra field": (batch_of(extra=1), "has the fields"),
+    "wrong version": (batch_of(v=2), "unsupported batch version 2"),
+    "source not a string": (batch_of(source=3), "'source' must be a string"),
+    "seq not an integer": (batch_of(seq="x"), "'seq' must be an integer"),
+    "events not an array": (batch_of(events={"a": 1}), "'events' must be an array"),
+    "event not an array": (batch_of("transfer"), "event 0: must be a non-empty array"),
+    "empty event": (batch_of([]), "event 0: must be a non-empty array"),
+    "unknown kind": (batch_of(["explode", 1]), "unknown kind 'explode'"),
+    "missing fields": (batch_of(["delete", "x", "memory@a"]), "expected 3 fields"),
+    "too many fields": (batch_of(["delete", "x", "memory@a", 1.0, 2]), "expected 3 fields"),
+    "wrong key type": (batch_of(["delete", 5, "memory@a", 1.0]), "field 'key'"),
+    "time not a number": (batch_of(["delete", "x", "memory@a", "noon"]), "expected a number"),
+    "boolean time": (batch_of(["delete", "x", "memory@a", True]), "expected a number"),
+    "infinite time": (batch_of(["delete", "x", "memory@a", math.inf]), "finite"),
+    "nan time": (batch_of(["delete", "x", "memory@a", math.nan]), "finite"),
+    "negative size": (batch_of(["transfer", "x", "a", "b", 1.0, 2.0, -1]), "non-negative"),
+    "stop before start": (batch_of(["transfer", "x", "a", "b", 2.0, 1.0, 1]), "stop is before"),
+    "inputs not strings": (
+        batch_of(["compute", "y", "w", 1, 0.0, 1.0, 8, [1, 2], -1, None, None, None, None,
+                  None]),
+        "field 'inputs'"),
+    "unknown mutation kind": (
+        batch_of(["compute", "y", "w", 1, 0.0, 1.0, 8, [], -1, None, None, "TELEPORT", None,
+                  None]),
+        "unknown mutation kind"),
+    "binary blob": (batch_of(["delete", b"\x00" * 10, "a", 1.0]), "not valid msgpack"),
+    "oversize": (b"\x90" * (MAX_BATCH_BYTES + 1), "exceeds the limit"),
+    "huge array header": (b"\xdd\xff\xff\xff\xff", "not valid msgpack"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_batches_are_rejected_and_change_nothing(name):
+    data, message = MALFORMED[name]
+    builder = PAGBuilder()
+    builder.root(0.0)
+    builder.compute("x", "a", 1, 0.0, 1.0, 8, ())
+    before = (builder.store.n_states, builder.store.n_mutations)
+    with pytest.raises(BatchError, match=message):
+        builder.apply_batch(data)
+    assert (builder.store.n_states, builder.store.n_mutations) == before
+
+
+def test_a_bad_event_anywhere_rejects_the_whole_batch():
+    builder = PAGBuilder()
+    builder.root(0.0)
+    builder.compute("x", "a", 1, 0.0, 1.0, 8, ())
+    data = batch_of(good_event(), ["delete", "x", "memory@a", "bad time"])
+    with pytest.raises(BatchError, match="event 1"):
+        builder.apply_batch(data)
+    assert builder.store.n_states == 2
+
+
+def test_a_valid_batch_applies_every_event():
+    builder = PAGBuilder()
+    builder.root(0.0)
+    builder.compute("x", "a", 1, 0.0, 1.0, 8, ())
+    assert builder.apply_batch(batch_of(good_event())) == 1
+    assert builder.store.n_states == 3

@@ -103,7 +103,8 @@ class PAGBuilder:
             "root": self._root,
         }
         self._add_state = (
-            store.state_time.append, store.state_start.append, store.state_size.append,
+            store.state_time.append, store.state_start.append, store.state_ready.append,
+            store.state_size.append,
             store.state_key.append, store.state_location.append,
             store.state_worker.append, store.state_thread.append, store.state_pred.append,
         )
@@ -249,7 +250,7 @@ class PAGBuilder:
         store = self.store
         live = self._live
         where = store.state_location
-        time = store.state_time
+        ready = store.state_ready
         sources = []
         best = 0
         best_time = float("-inf")
@@ -261,8 +262,8 @@ class PAGBuilder:
                     src = self._missing(name, memory, event, now)
                     if src is None:
                         return None
-            if time[src] > best_time:
-                best, best_time = len(sources), time[src]
+            if ready[src] > best_time:
+                best, best_time = len(sources), ready[src]
             sources.append(src)
 
         labels = store.labels
@@ -323,7 +324,7 @@ class PAGBuilder:
             store.state_key[src], dst_loc,
             self._location_workers[src_loc] if worker == NO_CODE else worker, NO_THREAD,
             store.state_size[src] if nbytes is None else nbytes, start, stop,
-            len(store.mutation_src),
+            len(store.mutation_src), store.state_ready[src] + (stop - start),
         )
         self._mutation(src, dst, _TRANSFER, stop - start)
         self.n_applied += 1
@@ -355,10 +356,11 @@ class PAGBuilder:
                 del self._copies[key]
         self._fanout.pop(src, None)
         dst = len(store.state_time)
-        add_time, add_start, add_size, add_key, add_location, add_worker, add_thread, \
-            add_pred = self._add_state
+        add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
+            add_thread, add_pred = self._add_state
         add_time(time)
         add_start(time)
+        add_ready(time)
         add_size(0)
         add_key(store.state_key[src])
         add_location(loc)
@@ -371,12 +373,13 @@ class PAGBuilder:
 
     # -- internals ----------------------------------------------------------
     def _new_state(self, key: int, location: int, worker: int, thread: int, size: int,
-                   start: float, time: float, pred: int) -> int:
-        add_time, add_start, add_size, add_key, add_location, add_worker, add_thread, \
-            add_pred = self._add_state
+                   start: float, time: float, pred: int, ready: float | None = None) -> int:
+        add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
+            add_thread, add_pred = self._add_state
         sid = len(self.store.state_time)
         add_time(time)
         add_start(start)
+        add_ready(time if ready is None else ready)
         add_size(size)
         add_key(key)
         add_location(location)

@@ -166,15 +166,17 @@ def _store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFram
     # A state starts when the operation that created it started.
     start = time.copy()
     start[dst[::-1]] = mutations["start"].to_numpy(dtype="float64")[::-1]
+    ready = _ready_times(time, src, dst, kinds, mutations["busy"].to_numpy(dtype="float64"))
     _fill(store.state_time, time)
     _fill(store.state_start, start)
+    _fill(store.state_ready, ready)
     _fill(store.state_size, states["size"].to_numpy(dtype="int64"))
     _fill(store.state_key, key_codes)
     _fill(store.state_location, _codes(store.locations, states["location"]))
     _fill(store.state_worker, _codes(store.workers, states["worker"]))
     _fill(store.state_thread,
           states["thread"].astype("Int64").fillna(NO_THREAD).to_numpy(dtype="int64"))
-    _fill(store.state_pred, _last_arriving(time, src, dst, n))
+    _fill(store.state_pred, _last_arriving(ready, src, dst, n))
     _fill(store.mutation_src, src)
     _fill(store.mutation_dst, dst)
     _fill(store.mutation_kind, kinds)
@@ -182,11 +184,23 @@ def _store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFram
     return store
 
 
-def _last_arriving(time: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int
+def _ready_times(time: np.ndarray, src: np.ndarray, dst: np.ndarray, kinds: np.ndarray,
+                 busy: np.ndarray) -> np.ndarray:
+    """Per state, its ready time: a transfer's copy is ready its duration after its source."""
+    ready = time.copy()
+    transfers = np.flatnonzero(kinds == MutationKind.TRANSFER)
+    transfers = transfers[np.argsort(dst[transfers], kind="stable")]
+    for s, d, b in zip(src[transfers].tolist(), dst[transfers].tolist(),
+                       busy[transfers].tolist()):
+        ready[d] = min(ready[s] + b, time[d])
+    return ready
+
+
+def _last_arriving(ready: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int
                    ) -> np.ndarray:
-    """Per state, the incoming mutation whose source is latest (first on ties)."""
+    """Per state, the incoming mutation whose source was ready last (first on ties)."""
     mids = np.arange(len(src))
-    order = np.lexsort((-mids, time[src]))
+    order = np.lexsort((-mids, ready[src]))
     pred = np.full(n, -1, dtype="int64")
     pred[dst[order]] = order
     return pred

@@ -66,6 +66,19 @@ class StringTable:
             strings = np.array([*values, None], dtype=object)[codes]
         return pd.Series(strings, dtype="str")
 
+    def copy(self) -> PAGStore:
+        """An independent copy (columns and string tables)."""
+        other = PAGStore(self.run_id)
+        for name, value in vars(self).items():
+            if isinstance(value, array):
+                setattr(other, name, array(value.typecode, value))
+            elif isinstance(value, StringTable):
+                table = StringTable()
+                table.values = list(value.values)
+                table.codes = dict(value.codes)
+                setattr(other, name, table)
+        return other
+
     def nbytes(self) -> int:
         """Approximate memory held by the table, in bytes."""
         total = sys.getsizeof(self.values) + sys.getsizeof(self.codes)
@@ -86,7 +99,10 @@ class PAGStore:
     into :attr:`labels`; every state of a key shares them.
 
     Per state: ``time`` (creation, seconds since the epoch in the scheduler's
-    clock), ``start`` (when the operation that created it began), ``size``
+    clock), ``start`` (when the operation that created it began), ``ready``
+    (when it would have been there had every transfer on its way started as
+    soon as its source existed: the time the critical path ranks inputs by),
+    ``size``
     (bytes), ``key``/``location``/``worker`` (codes), ``thread`` and ``pred``:
     the mutation through which the state's last-arriving input came (``-1``
     for none).
@@ -108,6 +124,7 @@ class PAGStore:
         self.key_origin = array("i")
         self.state_time = array("d")
         self.state_start = array("d")
+        self.state_ready = array("d")
         self.state_size = array("q")
         self.state_key = array("i")
         self.state_location = array("i")
@@ -140,6 +157,19 @@ class PAGStore:
         self.key_label.append(label_code)
         self.key_origin.append(label_code if origin is None else self.labels.code(origin))
         return len(values) - 1
+
+    def copy(self) -> PAGStore:
+        """An independent copy (columns and string tables)."""
+        other = PAGStore(self.run_id)
+        for name, value in vars(self).items():
+            if isinstance(value, array):
+                setattr(other, name, array(value.typecode, value))
+            elif isinstance(value, StringTable):
+                table = StringTable()
+                table.values = list(value.values)
+                table.codes = dict(value.codes)
+                setattr(other, name, table)
+        return other
 
     def nbytes(self) -> int:
         """Approximate memory held by the columns and string tables, in bytes."""

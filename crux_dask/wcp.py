@@ -6,8 +6,12 @@ well-defined answers instead:
 
 ``observed``
     Walk back from the end state, at each state taking the input that became
-    available last (Jaeger's "last-finishing child").  Each state keeps that
-    input incrementally, so the walk is O(path length).
+    available last (Jaeger's "last-finishing child").  Inputs are ranked by
+    their *ready* time: a copy moved from another worker counts as ready its
+    transfer's duration after its source was, because Dask starts moving an
+    input only once its consumer can run, and the wait before the move belongs
+    to the input that made the consumer ready.  Each state keeps its
+    last-ready input incrementally, so the walk is O(path length).
 ``longest``
     The chain of mutations with the largest total ``busy`` time: the
     irreducible work, a lower bound on the makespan with unlimited workers.
@@ -65,10 +69,10 @@ def observed_path(store: PAGStore, end: int, start: int | None = None) -> list[i
         raise ValueError(f"state {end} does not descend from state {start}")
     src = store.column("mutation_src")
     dst = store.column("mutation_dst")
-    time = store.column("state_time")
+    ready = store.column("state_ready")
     useful = np.flatnonzero(reach[src] & (dst <= end))
-    # Per target state, the useful input that arrived last (first mutation on ties).
-    order = useful[np.lexsort((-useful, time[src[useful]]))]
+    # Per target state, the useful input that was ready last (first mutation on ties).
+    order = useful[np.lexsort((-useful, ready[src[useful]]))]
     best = np.full(store.n_states, -1, dtype="int64")
     best[dst[order]] = order  # later entries (later arrivals) overwrite earlier ones
     path = []

@@ -66,7 +66,7 @@ def test_shortest_path_over_inverse_cost_picks_the_wrong_path():
 
 
 def test_longest_busy_path_prefers_work_over_waiting():
-    pag, ids = thesis_merge_example()
+    pag, _ = thesis_merge_example()
     path = pag.wcp(method="longest")
     assert path.states["key"].tolist() == ["A", "B", "C", "D", "F"]
     assert path.mutations["busy"].sum() == pytest.approx(8.0)
@@ -99,6 +99,34 @@ def test_breakdown_splits_transfer_wait_and_compute():
     assert frame["category"].tolist() == ["compute", "transfer", "compute"]
     assert (frame["busy"] + frame["wait"]).sum() == pytest.approx(path.length)
     assert "critical path" in path._repr_html_()
+
+
+def test_a_transfer_that_waited_for_its_consumer_is_not_the_cause():
+    """Dask moves an input only when its consumer can run: the wait is the other input's."""
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("a", W, 1, 0.0, 0.1, 8, ())
+    b.compute("slow", W, 1, 0.1, 0.6, 8, ("a",))
+    b.compute("fast", "tcp://other:1", 1, 0.1, 0.15, 8, ())
+    b.transfer("fast", "memory@tcp://other:1", f"memory@{W}", 0.61, 0.62)  # arrives last
+    b.compute("join", W, 1, 0.62, 0.63, 8, ("slow", "fast"))
+    path = b.pag().wcp()
+    assert path.states["key"].tolist() == ["root", "a", "slow", "join"]
+
+
+def test_a_slow_transfer_stays_critical():
+    """A checkpoint whose move takes longer than the other branch is on the path."""
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("checkpoint", "tcp://other:1", 1, 0.0, 1.0, 8, ())
+    b.transfer("checkpoint", "memory@tcp://other:1", f"memory@{W}", 1.0, 9.0)
+    b.compute("other", W, 1, 0.0, 5.0, 8, ())
+    b.compute("restart", W, 1, 9.0, 10.0, 8, ("other", "checkpoint"))
+    path = b.pag().wcp()
+    assert path.states["key"].tolist() == ["root", "checkpoint", "checkpoint", "restart"]
+    assert path.breakdown["transfer"] == pytest.approx(8.0)
+    again = PAG.from_frames(b.pag().states, b.pag().mutations)
+    assert again.wcp().states["key"].tolist() == path.states["key"].tolist()
 
 
 def test_empty_graph_has_an_empty_path():

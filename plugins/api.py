@@ -1,0 +1,124 @@
+"""What users call with a :class:`distributed.Client`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crux_dask.pag import PAG
+from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+from crux_dask.plugins.worker import CruxWorkerPlugin
+from crux_dask.wcp import critical_path
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from crux_dask.wcp import CriticalPath
+
+__all__ = ["attach", "flush", "get_pag", "get_stats", "get_wcp"]
+
+
+def attach(client: Client, **worker_options: Any) -> Any:
+    """Record the cluster behind ``client``: register both plugins (idempotent).
+
+    Keyword arguments go to :class:`~crux_dask.plugins.CruxWorkerPlugin`.
+    """
+    return client.sync(_attach, client, worker_options)
+
+
+async def _attach(client: Client, worker_options: dict[str, Any]) -> None:
+    # The scheduler side first, so that workers find its handler from their first batch.
+    await client.register_plugin(CruxSchedulerPlugin())
+    await client.register_plugin(CruxWorkerPlugin(**worker_options))
+
+
+def flush(client: Client) -> Any:
+    """Bring every event recorded so far into the scheduler's graph.
+
+    Workers send what they buffered; the scheduler applies it, and events
+    still waiting for an input that was never reported get a stand-in.
+    """
+    return client.sync(_flush, client)
+
+
+async def _flush(client: Client) -> None:
+    await client.run(_flush_worker)
+    await client.run_on_scheduler(_apply_on_scheduler)
+
+
+def get_pag(client: Client) -> Any:
+    """The program activity graph recorded so far (a :class:`~crux_dask.PAG` copy)."""
+    return client.sync(_get_pag, client)
+
+
+async def _get_pag(client: Client) -> PAG:
+    await _flush(client)
+    store, end = await client.run_on_scheduler(_snapshot_on_scheduler)
+    return PAG([store], [end])
+
+
+def get_wcp(client: Client, start: int | None = None, end: int | None = None,
+            method: str = "observed") -> Any:
+    """The workflow critical path recorded so far (a :class:`~crux_dask.CriticalPath`).
+
+    Parameters are those of :meth:`crux_dask.PAG.wcp`; the path is computed on
+    the scheduler and only its steps travel.
+    """
+    return client.sync(_get_wcp, client, start, end, method)
+
+
+async def _get_wcp(client: Client, start: int | None, end: int | None, method: str
+                   ) -> CriticalPath:
+    await _flush(client)
+    return await client.run_on_scheduler(_wcp_on_scheduler, start=start, end=end,
+                                         method=method)
+
+
+def get_stats(client: Client) -> Any:
+    """Counts of events received, applied and rejected, and the graph's size.
+
+    ``workers`` maps each worker to its own counts (events recorded, sent,
+    dropped).
+    """
+    return client.sync(_get_stats, client)
+
+
+async def _get_stats(client: Client) -> dict[str, Any]:
+    stats = await client.run_on_scheduler(_stats_on_scheduler)
+    stats["workers"] = await client.run(_worker_stats)
+    return stats
+
+
+# -- run on the cluster ---------------------------------------------------------
+def _plugin(server: Any) -> Any:
+    plugin = server.plugins.get(CruxSchedulerPlugin.name)
+    if plugin is None:
+        raise RuntimeError("Crux is not attached to this cluster: call crux_dask.attach(client)")
+    return plugin
+
+
+async def _flush_worker(dask_worker: Any) -> bool:
+    plugin = dask_worker.plugins.get(CruxWorkerPlugin.name)
+    return True if plugin is None else await plugin.flush()
+
+
+def _apply_on_scheduler(dask_scheduler: Any) -> None:
+    _plugin(dask_scheduler).apply_pending(final=True)
+
+
+def _snapshot_on_scheduler(dask_scheduler: Any) -> tuple:
+    return _plugin(dask_scheduler).snapshot()
+
+
+def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
+                      method: str) -> CriticalPath:
+    builder = _plugin(dask_scheduler).builder
+    return critical_path(builder.store, start, end, method, default_end=builder.end)
+
+
+def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:
+    return _plugin(dask_scheduler).stats()
+
+
+def _worker_stats(dask_worker: Any) -> dict[str, Any]:
+    plugin = dask_worker.plugins.get(CruxWorkerPlugin.name)
+    return {} if plugin is None else plugin.stats()

@@ -1,0 +1,231 @@
+"""The scheduler side: records computations and receives the workers' events.
+
+Hooks only append a tuple to a queue; a periodic callback turns the queue into
+graph states, so the cost of analysis never sits inside a scheduler hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from crux_dask.builder import PAGBuilder
+from crux_dask.codec import BatchError, decode_batch
+from crux_dask.plugins import config
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from crux_dask.store import PAGStore
+
+logger = logging.getLogger(__name__)
+
+#: The scheduler RPC handler that receives the workers' event batches.
+EVENTS_HANDLER = "crux_events"
+#: Marks the queue entries recorded by the transition hook (the others are
+#: workers' events, already in the builder's form).
+_TASK = object()
+
+
+def key_string(key: Any) -> str:
+    """The ``str(key)`` form the graph stores Dask keys in."""
+    return key if isinstance(key, str) else str(key)
+
+
+class CruxSchedulerPlugin(SchedulerPlugin):
+    """Build the program activity graph of everything the scheduler runs.
+
+    Parameters
+    ----------
+    apply_interval : str or float, optional
+        How often received events are turned into states
+        (``crux-dask.apply-interval``).
+    max_pending_events : int, optional
+        Received events that trigger an immediate apply
+        (``crux-dask.max-pending-events``).
+    park_timeout : str or float, optional
+        How long an event may wait for an unreported input
+        (``crux-dask.park-timeout``).
+    """
+
+    name = "crux"
+    idempotent = True
+
+    def __init__(self, apply_interval: str | float | None = None,
+                 max_pending_events: int | None = None,
+                 park_timeout: str | float | None = None) -> None:
+        self.apply_interval = config.seconds("apply-interval", apply_interval)
+        self.max_pending_events = config.positive_int("max-pending-events",
+                                                      max_pending_events)
+        self.park_timeout = config.seconds("park-timeout", park_timeout)
+        self.scheduler: Scheduler | None = None
+        self.builder: PAGBuilder | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.builder = PAGBuilder()
+        self.pending: deque[tuple] = deque()
+        self.graph_roots: dict[Any, int] = {}
+        self.erred: dict[str, dict[str, Any]] = {}
+        self.counts = dict.fromkeys(
+            ["events_received", "events_from_workers", "events_applied", "events_failed",
+             "batches_received", "batches_rejected", "hook_errors"], 0)
+        self.last_error: str | None = None
+        self.attached_at = time.time()
+        self.tasks_at_attach = len(scheduler.tasks)
+        if self.tasks_at_attach:
+            logger.info("Crux attached to a running scheduler with %d tasks: it records "
+                        "what happens from now on", self.tasks_at_attach)
+        self.builder.root(self.attached_at, "attach")
+        scheduler.handlers[EVENTS_HANDLER] = self.receive_events
+        self._callback = PeriodicCallback(self._apply_safely, self.apply_interval * 1000)
+        scheduler.periodic_callbacks["crux-apply"] = self._callback
+        self._callback.start()
+
+    async def close(self) -> None:
+        callback = getattr(self, "_callback", None)
+        if callback is not None:
+            callback.stop()
+        if self.scheduler is not None:
+            self.scheduler.periodic_callbacks.pop("crux-apply", None)
+
+    # -- hooks: record, nothing more ------------------------------------------
+    def update_graph(self, scheduler: Scheduler, *, tasks: list | None = None,
+                     **kwargs: Any) -> None:
+        try:
+            root = self.builder.root(time.time(), "graph")
+            roots = self.graph_roots
+            for key in tasks or ():
+                roots[key] = root
+        except Exception as error:
+            self._hook_failed("update_graph", error)
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   stimulus_id: str | None = None, **kwargs: Any) -> None:
+        if start != "processing" or finish not in ("memory", "erred"):
+            return
+        try:
+            ts = self.scheduler.tasks.get(key)
+            if ts is None:
+                return
+            annotation = ts.annotations.get("crux") if ts.annotations else None
+            self.pending.append((
+                _TASK, key, finish, kwargs.get("worker"), kwargs.get("thread"),
+                kwargs.get("startstops"), kwargs.get("nbytes") or 0,
+                [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
+                annotation, self.graph_roots.pop(key, -1),
+            ))
+            if finish == "erred":
+                self.erred[key_string(key)] = {
+                    "worker": kwargs.get("worker"), "time": time.time(),
+                    "exception": kwargs.get("exception_text"),
+                }
+            self.counts["events_received"] += 1
+            if len(self.pending) >= self.max_pending_events:
+                self._apply_safely()
+        except Exception as error:
+            self._hook_failed("transition", error)
+
+    def receive_events(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the workers' event batches; never raises."""
+        self.counts["batches_received"] += 1
+        try:
+            decoded = decode_batch(batch)
+        except BatchError as error:
+            self.counts["batches_rejected"] += 1
+            self.last_error = f"batch rejected: {error}"
+            logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
+            return {"status": "rejected", "error": str(error)}
+        self.pending.extend(decoded.events)
+        n = len(decoded.events)
+        self.counts["events_received"] += n
+        self.counts["events_from_workers"] += n
+        if len(self.pending) >= self.max_pending_events:
+            self._apply_safely()
+        return {"status": "OK", "accepted": n}
+
+    # -- analysis, off the hooks ---------------------------------------------
+    def apply_pending(self, final: bool = False) -> None:
+        """Turn every received event into states.
+
+        With ``final``, events still waiting for an input that was never
+        reported get the best stand-in now, instead of after the park timeout.
+        """
+        builder = self.builder
+        pending = self.pending
+        now = time.monotonic()
+        applied = failed = 0
+        while pending:
+            item = pending.popleft()
+            try:
+                builder.apply(self._compute_event(item) if item[0] is _TASK else item, now)
+                applied += 1
+            except Exception as error:  # one bad event never stops the others
+                failed += 1
+                self.last_error = f"{type(error).__name__}: {error}"
+        builder.resolve_parked(None if final else now - self.park_timeout)
+        self.counts["events_applied"] += applied
+        self.counts["events_failed"] += failed
+
+    def _apply_safely(self) -> None:
+        try:
+            self.apply_pending()
+        except Exception as error:
+            self._hook_failed("apply", error)
+
+    def _compute_event(self, item: tuple) -> tuple:
+        (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
+         annotation, root) = item
+        start = stop = None
+        for interval in startstops or ():
+            if interval.get("action") == "compute":
+                start, stop = interval["start"], interval["stop"]
+        if stop is None:
+            start = stop = time.time()
+        kind = label = location = None
+        if isinstance(annotation, dict):
+            kind = annotation.get("mutation")
+            label = annotation.get("label")
+            location = annotation.get("location")
+        return ("compute", key_string(key), worker, thread, start, stop,
+                0 if finish == "erred" else nbytes,
+                tuple(key_string(d) for d in dependencies), root,
+                label or prefix, group, kind, location,
+                "erred" if finish == "erred" else None)
+
+    def _hook_failed(self, where: str, error: Exception) -> None:
+        self.counts["hook_errors"] += 1
+        if self.counts["hook_errors"] == 1:
+            logger.warning("Crux %s hook failed (further failures are only counted): %r",
+                           where, error)
+        self.last_error = f"{where}: {type(error).__name__}: {error}"
+
+    # -- queries --------------------------------------------------------------
+    def snapshot(self) -> tuple[PAGStore, int]:
+        """A copy of the graph so far and its end state."""
+        return self.builder.store.copy(), self.builder.end
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of what was received, applied and rejected, and the graph's size."""
+        builder = self.builder
+        return {
+            **self.counts,
+            "events_pending": len(self.pending),
+            "events_parked": builder.n_parked,
+            "events_parked_total": builder.n_parked_total,
+            "inputs_substituted": builder.n_fallbacks,
+            "states": builder.store.n_states,
+            "mutations": builder.store.n_mutations,
+            "memory_bytes": builder.store.nbytes(),
+            "erred_tasks": len(self.erred),
+            "run_id": builder.run_id,
+            "attached_at": self.attached_at,
+            "tasks_at_attach": self.tasks_at_attach,
+            "last_error": self.last_error,
+        }

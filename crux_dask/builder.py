@@ -57,6 +57,9 @@ class PAGBuilder:
     ----------
     run_id : str, optional
         Identifier of the run; a new uuid4 hex by default.
+    max_released : int
+        How many released copies to remember as sources of events reported
+        late (a fetch reported after the source worker released its copy).
 
     Attributes
     ----------
@@ -72,7 +75,7 @@ class PAGBuilder:
         Inputs that never arrived and were replaced by the best state known.
     """
 
-    def __init__(self, run_id: str | None = None) -> None:
+    def __init__(self, run_id: str | None = None, max_released: int = 100_000) -> None:
         self.store = store = PAGStore(run_id or uuid.uuid4().hex)
         self.end = -1
         self._end_time = float("-inf")
@@ -83,6 +86,10 @@ class PAGBuilder:
         # in several places, key -> {location: state} of the other copies.
         self._live: dict[str, int] = {}
         self._copies: dict[str, dict[int, int]] = {}
+        # (key, location) -> the state released there last: workers report on
+        # their own schedule, so a fetch from a copy may arrive after its release.
+        self._released: dict[tuple[str, int], int] = {}
+        self.max_released = max_released
         # source state -> (task group code, its first single-input mutation, -1 once split)
         self._fanout: dict[int, tuple[int, int]] = {}
         # (key, location) -> events waiting for that state; when they started waiting
@@ -214,15 +221,19 @@ class PAGBuilder:
                    if older_than is None or since < older_than]
             if not due:
                 return resolved
+            events = []
             for slot in due:
                 self._parked_at.pop(slot, None)
-                for event in self._parked.pop(slot, ()):
-                    self._resolving = True
-                    try:
-                        self.apply(event)
-                    finally:
-                        self._resolving = False
-                    resolved += 1
+                events += self._parked.pop(slot, ())
+            # Oldest first, so that a chain of waiting events resolves in order.
+            events.sort(key=_event_time)
+            for event in events:
+                self._resolving = True
+                try:
+                    self.apply(event)
+                finally:
+                    self._resolving = False
+                resolved += 1
 
     def pag(self) -> PAG:
         """The graph so far, as a :class:`~crux_dask.pag.PAG` (shares the store)."""
@@ -355,6 +366,10 @@ class PAGBuilder:
             if not copies:
                 del self._copies[key]
         self._fanout.pop(src, None)
+        released = self._released
+        released[(key, loc)] = src
+        if len(released) > self.max_released:
+            del released[next(iter(released))]
         dst = len(store.state_time)
         add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
             add_thread, add_pred = self._add_state
@@ -458,6 +473,9 @@ class PAGBuilder:
 
         Returns the state to use, or ``None`` if the event now waits for it.
         """
+        released = self._released.get((key, location))
+        if released is not None:
+            return released
         store = self.store
         where = store.locations.values[location]
         awaited = where.startswith(_AWAITED)
@@ -502,6 +520,11 @@ def _prefix(key: str) -> str:
     if len(result) == 32 and _HEX.fullmatch(result):
         return "data"
     return result or "data"
+
+
+def _event_time(event: tuple) -> float:
+    """When an event happened: a computation's or transfer's stop, a release's time."""
+    return event[3] if event[0] == "delete" else event[5]
 
 
 def _worker_of(location: str) -> str | None:

@@ -192,3 +192,30 @@ def test_task_prefixes_follow_dask_key_split():
                 "finalize-0123456789abcdef0123456789abcdef", "hello-world-1",
                 "0123456789abcdef0123456789abcdef"]:
         assert _prefix(key) == key_split(key), key
+
+
+def test_a_fetch_reported_after_the_source_released_its_copy_still_links_to_it():
+    """Workers report on their own schedule: A's release may arrive before B's fetch."""
+    b = PAGBuilder()
+    b.root(0.0)
+    x = b.compute("x", A, 1, 0, 1, 1000, ())
+    b.delete("x", f"memory@{A}", 2.0)  # A's batch arrives first
+    moved = b.transfer("x", f"memory@{A}", f"memory@{B}", 1.2, 1.5)  # then B's
+    _, mutations = rows(b)
+    assert mutations[mutations["dst"] == moved]["src"].tolist() == [x]
+    assert b.n_parked == 0 and b.n_fallbacks == 0
+
+
+def test_forced_resolution_follows_event_time_so_chains_resolve():
+    b = PAGBuilder()
+    b.root(0.0)
+    # y on B needs x's copy on B, whose transfer needs x on A: none reported yet.
+    b.compute("y", B, 2, 3.0, 4.0, 8, ("x",), now=1.0)
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 2.0, 2.5, 100, now=1.0)
+    b.compute("x", A, 1, 0.0, 1.0, 100, ("w",), now=1.0)  # its own input is never reported
+    assert b.n_parked == 3
+    b.resolve_parked()
+    assert b.n_parked == 0
+    path = b.pag().wcp()
+    assert path.states["key"].tolist()[-3:] == ["x", "x", "y"]
+    assert path.mutations["kind"].tolist()[-2:] == ["TRANSFER", "CONVERT"]

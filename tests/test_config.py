@@ -1,0 +1,62 @@
+"""The crux-dask configuration: defaults valid against the schema, schema complete."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+import yaml
+
+from crux_dask.plugins import CruxSchedulerPlugin, CruxWorkerPlugin, config
+
+
+def leaves(tree: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        out |= leaves(value, path) if isinstance(value, dict) else {path}
+    return out
+
+
+def schema_leaves(schema: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        out |= schema_leaves(value, path) if "properties" in value else {path}
+    return out
+
+
+def test_defaults_validate_against_the_schema():
+    schema = yaml.safe_load(config.SCHEMA_PATH.read_text())
+    jsonschema.validate(config.defaults, schema)
+
+
+def test_schema_is_complete_and_every_key_is_described():
+    schema = yaml.safe_load(config.SCHEMA_PATH.read_text())
+    assert leaves(config.defaults) == schema_leaves(schema)
+
+    def described(node: dict) -> None:
+        for key, value in node.get("properties", {}).items():
+            assert value.get("description"), key
+            described(value)
+
+    described(schema)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: CruxWorkerPlugin(flush_interval="soon"),
+    lambda: CruxWorkerPlugin(batch_size=0),
+    lambda: CruxWorkerPlugin(max_buffered_events=-5),
+    lambda: CruxSchedulerPlugin(apply_interval=-1),
+    lambda: CruxSchedulerPlugin(park_timeout="never"),
+])
+def test_wrong_configuration_fails_early_with_a_clear_error(make):
+    with pytest.raises(ValueError, match="crux-dask"):
+        make()
+
+
+def test_configuration_is_read_when_plugins_are_built():
+    import dask
+
+    with dask.config.set({"crux-dask.flush-interval": "250ms", "crux-dask.batch-size": 7}):
+        plugin = CruxWorkerPlugin()
+    assert plugin.flush_interval == 0.25 and plugin.batch_size == 7

@@ -12,6 +12,8 @@ from typing import Any
 from crux_dask.builder import PAGBuilder
 from crux_dask.codec import BatchError, decode_batch, encode_batch
 from crux_dask.pag import PAG
+from crux_dask.provenance import ProvenanceError
+from crux_dask.provenance import read_dataset as read_parquet
 from crux_dask.schema import MutationKind
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath
@@ -25,15 +27,19 @@ __all__ = [
     "MutationKind",
     "PAGBuilder",
     "PAGStore",
+    "ProvenanceError",
     "attach",
     "decode_batch",
     "encode_batch",
+    "export_parquet",
+    "flush",
     "get_pag",
     "get_stats",
     "get_wcp",
+    "read_parquet",
 ]
 
-_CLUSTER_API = {"attach", "get_pag", "get_wcp", "get_stats", "flush"}
+_CLUSTER_API = {"attach", "get_pag", "get_wcp", "get_stats", "flush", "export_parquet"}
 
 
 def __getattr__(name: str) -> Any:

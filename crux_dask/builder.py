@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,7 @@ class PAGBuilder:
         Inputs that never arrived and were replaced by the best state known.
     """
 
-    def __init__(self, run_id: str | None = None, max_released: int = 100_000) -> None:
+    def __init__(self, run_id: str | None = None, max_released: int = 50_000) -> None:
         self.store = store = PAGStore(run_id or uuid.uuid4().hex)
         self.end = -1
         self._end_time = float("-inf")
@@ -88,7 +89,7 @@ class PAGBuilder:
         self._copies: dict[str, dict[int, int]] = {}
         # (key, location) -> the state released there last: workers report on
         # their own schedule, so a fetch from a copy may arrive after its release.
-        self._released: dict[tuple[str, int], int] = {}
+        self._released: OrderedDict[tuple[str, int], int] = OrderedDict()
         self.max_released = max_released
         # source state -> (task group code, its first single-input mutation, -1 once split)
         self._fanout: dict[int, tuple[int, int]] = {}
@@ -284,8 +285,11 @@ class PAGBuilder:
         if label_code is None:
             label_code = labels.code(label)
         previous = live.get(key)
-        key_code = (store.key_code(key, label, origin) if previous is None
-                    else store.state_key[previous])
+        if previous is None:
+            key_code = store.add_key(
+                key, label_code, label_code if origin is None else labels.code(origin))
+        else:
+            key_code = store.state_key[previous]
         if kind is not None:
             edge_kind = int(MutationKind.parse(kind))
         elif not sources:
@@ -300,12 +304,31 @@ class PAGBuilder:
                 root = self._run_root if self._run_root >= 0 else self._root(("root", start))
             sources.append(root)
 
+        # The new state, appended here rather than through _new_state: this is
+        # the hottest path of the builder.
+        dst = len(ready)
         location_code = memory if location is None else self._location(location)
-        dst = self._new_state(key_code, location_code, self._location_workers[memory],
-                              NO_THREAD if thread is None else thread, nbytes, start, stop,
-                              len(store.mutation_src) + best)
-        if location_code != memory:
-            self._live_add(key, memory, dst)
+        add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
+            add_thread, add_pred = self._add_state
+        add_time(stop)
+        add_start(start)
+        add_ready(stop)
+        add_size(nbytes)
+        add_key(key_code)
+        add_location(location_code)
+        add_worker(self._location_workers[memory])
+        add_thread(NO_THREAD if thread is None else thread)
+        add_pred(len(store.mutation_src) + best)
+        if previous is None and location is None:
+            live[key] = dst
+            if self._parked and (key, memory) in self._parked:
+                self._ready.append((key, memory))
+        else:
+            self._live_add(key, location_code, dst)
+            if location_code != memory:
+                self._live_add(key, memory, dst)
+        if stop >= self._end_time:
+            self.end, self._end_time = dst, stop
         add_src, add_dst, add_kind, add_busy = self._add_mutation
         busy = stop - start
         for src in sources:
@@ -369,7 +392,7 @@ class PAGBuilder:
         released = self._released
         released[(key, loc)] = src
         if len(released) > self.max_released:
-            del released[next(iter(released))]
+            released.popitem(last=False)
         dst = len(store.state_time)
         add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
             add_thread, add_pred = self._add_state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
@@ -87,6 +88,120 @@ def etl_workflow(slow: float):
     parts = [clean(load(i, slow if i == 5 else 0.1)) for i in range(8)]
     joined = [join(parts[i], parts[(i + 1) % 8]) for i in range(8)]
     return report(joined)
+
+
+@main.command(help="Run one of the thesis's HPC workflow cases and print its critical path.")
+@click.argument("case", required=False)
+@click.option("--list", "list_cases", is_flag=True, help="List the cases and exit.")
+@click.option("--workers", default=2, show_default=True, help="Worker processes.")
+@click.option("--ranks", default=None, type=int, help="MPI ranks per simulation.")
+@click.option("--scale", default=None, type=float, help="Multiply every duration.")
+@click.option("--seed", default=None, type=int, help="Picks the slowest rank.")
+@click.option("--config", "config_file", default=None, type=click.Path(exists=True),
+              help="YAML file of simulation settings.")
+@click.option("--out", default=None, type=click.Path(),
+              help="Export the provenance to this dataset directory.")
+def sim(case: str | None, list_cases: bool, workers: int, ranks: int | None,
+        scale: float | None, seed: int | None, config_file: str | None,
+        out: str | None) -> None:
+    from crux_dask.sim_workflows import CASES, SimConfig, run_case
+
+    if list_cases or case is None:
+        for name, (_, description) in CASES.items():
+            click.echo(f"{name:<11} {description}")
+        return
+    settings = {}
+    if config_file:
+        import yaml
+
+        with open(config_file) as f:
+            settings = yaml.safe_load(f) or {}
+    settings.update({k: v for k, v in (("ranks", ranks), ("scale", scale), ("seed", seed))
+                     if v is not None})
+    try:
+        config = SimConfig.from_dict(settings)
+        if case not in CASES:
+            raise ValueError(f"unknown case {case!r}; cases: {', '.join(CASES)}")
+    except ValueError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    result = run_case(case, config, workers=workers, out=out, show_progress=True)
+    click.echo(f"\nCase {case}: makespan {result.makespan:.2f} s, configured critical work "
+               f"{result.case.critical_seconds:.2f} s\n")
+    click.echo(format_path(result.path))
+    if result.dataset:
+        click.echo(f"\nProvenance written to {result.dataset}")
+
+
+@main.command(help="Run a recorded run again from its provenance and report the fidelity.")
+@click.argument("path", type=click.Path())
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--workers", default=None, type=int, help="Worker processes (default: as "
+              "recorded).")
+def replay(path: str, run_id: str | None, workers: int | None) -> None:
+    from crux_dask.sim_workflows import replay as replay_run
+
+    _load(path, run_id)  # a bad dataset ends here, with its message
+    fidelity = replay_run(path, run_id, workers=workers)
+    click.echo(fidelity.summary())
+
+
+def _load(path: str, run: str | None = None):
+    """Read a dataset; a bad one ends the command with its message and status 2."""
+    from crux_dask.provenance import ProvenanceError, read_dataset
+
+    try:
+        return read_dataset(path, run)
+    except ProvenanceError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
+
+
+@main.command(help="Summarise the critical path of a run of an exported dataset.")
+@click.argument("path", type=click.Path())
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--html", "html_file", default=None, type=click.Path(),
+              help="Also write the path as a standalone HTML page.")
+def report(path: str, run_id: str | None, html_file: str | None) -> None:
+    pag = _load(path, run_id)
+    run_id = run_id or pag.run_ids[-1]
+    path_ = pag.wcp(run_id=run_id)
+    click.echo(f"Run {run_id}: {len(pag.store(run_id).state_time):,} data states\n")
+    click.echo(format_path(path_))
+    if html_file:
+        with open(html_file, "w") as f:
+            f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>Crux run "
+                    f"{run_id}</title></head><body>{path_._repr_html_()}</body></html>")
+        click.echo(f"\nWrote {html_file}")
+
+
+@main.command(help="Compare runs side by side: makespan, critical path, variable steps.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--top", default=5, show_default=True, help="Steps to list.")
+def compare(paths: tuple[str, ...], top: int) -> None:
+    from crux_dask.compare import compare_runs
+
+    pags = [_load(p) for p in paths]
+    summary, steps = compare_runs(pags)
+    click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    click.echo(f"\nSteps whose duration varies most between runs (top {top}):")
+    click.echo(steps.head(top).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@main.command(help="Write a Chrome trace (Perfetto, chrome://tracing) of an exported run.")
+@click.argument("path", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(), help="The .json to write.")
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+def trace(path: str, output: str, run_id: str | None) -> None:
+    import json
+
+    from crux_dask.compare import chrome_trace
+
+    pag = _load(path, run_id)
+    events = chrome_trace(pag, run_id)
+    with open(output, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    click.echo(f"Wrote {len(events):,} trace events to {output}")
 
 
 if __name__ == "__main__":

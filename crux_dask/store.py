@@ -171,6 +171,14 @@ class PAGStore:
                 setattr(other, name, table)
         return other
 
+    def add_key(self, key: str, label: int, origin: int) -> int:
+        """Like :meth:`key_code`, with the label and origin already encoded."""
+        values = self.keys.values
+        values.append(key)
+        self.key_label.append(label)
+        self.key_origin.append(origin)
+        return len(values) - 1
+
     def nbytes(self) -> int:
         """Approximate memory held by the columns and string tables, in bytes."""
         columns = [v for v in vars(self).values() if isinstance(v, array)]

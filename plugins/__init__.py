@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from crux_dask.plugins import config  # noqa: F401  (registers the configuration defaults)
-from crux_dask.plugins.api import attach, flush, get_pag, get_stats, get_wcp
+from crux_dask.plugins.api import (
+    attach,
+    export_parquet,
+    flush,
+    get_pag,
+    get_stats,
+    get_wcp,
+)
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.worker import CruxWorkerPlugin
 
@@ -18,6 +25,7 @@ __all__ = [
     "CruxWorkerPlugin",
     "attach",
     "dask_setup",
+    "export_parquet",
     "flush",
     "get_pag",
     "get_stats",

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import platform
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import dask
+import distributed
+
+import crux_dask
 from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.worker import CruxWorkerPlugin
+from crux_dask.provenance import write_dataset
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -88,6 +97,37 @@ async def _get_stats(client: Client) -> dict[str, Any]:
     return stats
 
 
+def export_parquet(client: Client, path: str | os.PathLike) -> Any:
+    """Write the provenance recorded so far to the Parquet dataset at ``path``.
+
+    The run is added to the dataset (other runs already there stay as they
+    are); returns the dataset's path.  See :mod:`crux_dask.provenance`.
+    """
+    return client.sync(_export_parquet, client, path)
+
+
+async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
+    await _flush(client)
+    store, end, transitions, stats = await client.run_on_scheduler(_export_on_scheduler)
+    info = await client.scheduler.identity()
+    workers = info.get("workers", {})
+    metadata = {
+        "crux_dask": crux_dask.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "python": platform.python_version(),
+        "scheduler": info.get("address"),
+        "workers": len(workers),
+        "threads": sum(w.get("nthreads", 0) for w in workers.values()),
+        "memory_limit": sum(w.get("memory_limit") or 0 for w in workers.values()),
+        "config": dask.config.get("crux-dask", default={}),
+        "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))},
+    }
+    pag = PAG([store], [end])
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions)
+
+
 # -- run on the cluster ---------------------------------------------------------
 def _plugin(server: Any) -> Any:
     plugin = server.plugins.get(CruxSchedulerPlugin.name)
@@ -113,6 +153,12 @@ def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
                       method: str) -> CriticalPath:
     builder = _plugin(dask_scheduler).builder
     return critical_path(builder.store, start, end, method, default_end=builder.end)
+
+
+def _export_on_scheduler(dask_scheduler: Any) -> tuple:
+    plugin = _plugin(dask_scheduler)
+    store, end = plugin.snapshot()
+    return store, end, plugin.transitions_frame(), plugin.stats()
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -58,11 +61,14 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def __init__(self, apply_interval: str | float | None = None,
                  max_pending_events: int | None = None,
-                 park_timeout: str | float | None = None) -> None:
+                 park_timeout: str | float | None = None,
+                 max_transitions: int | None = None) -> None:
         self.apply_interval = config.seconds("apply-interval", apply_interval)
         self.max_pending_events = config.positive_int("max-pending-events",
                                                       max_pending_events)
         self.park_timeout = config.seconds("park-timeout", park_timeout)
+        self.max_transitions = config.positive_int("max-transitions", max_transitions)
+        self.record_transitions = bool(config.get("capture.transitions"))
         self.scheduler: Scheduler | None = None
         self.builder: PAGBuilder | None = None
 
@@ -76,6 +82,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.counts = dict.fromkeys(
             ["events_received", "events_from_workers", "events_applied", "events_failed",
              "batches_received", "batches_rejected", "hook_errors"], 0)
+        self.seconds = {"receive": 0.0, "apply": 0.0}
+        self.transitions = TransitionLog(self.max_transitions)
         self.last_error: str | None = None
         self.attached_at = time.time()
         self.tasks_at_attach = len(scheduler.tasks)
@@ -108,6 +116,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
+        if self.record_transitions:
+            self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
         if start != "processing" or finish not in ("memory", "erred"):
             return
         try:
@@ -135,6 +145,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def receive_events(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
         """RPC handler for the workers' event batches; never raises."""
         self.counts["batches_received"] += 1
+        started = time.perf_counter()
         try:
             decoded = decode_batch(batch)
         except BatchError as error:
@@ -146,6 +157,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         n = len(decoded.events)
         self.counts["events_received"] += n
         self.counts["events_from_workers"] += n
+        self.seconds["receive"] += time.perf_counter() - started
         if len(self.pending) >= self.max_pending_events:
             self._apply_safely()
         return {"status": "OK", "accepted": n}
@@ -157,6 +169,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         With ``final``, events still waiting for an input that was never
         reported get the best stand-in now, instead of after the park timeout.
         """
+        started = time.perf_counter()
         builder = self.builder
         pending = self.pending
         now = time.monotonic()
@@ -172,6 +185,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         builder.resolve_parked(None if final else now - self.park_timeout)
         self.counts["events_applied"] += applied
         self.counts["events_failed"] += failed
+        self.seconds["apply"] += time.perf_counter() - started
 
     def _apply_safely(self) -> None:
         try:
@@ -211,11 +225,17 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """A copy of the graph so far and its end state."""
         return self.builder.store.copy(), self.builder.end
 
+    def transitions_frame(self) -> pd.DataFrame:
+        """The scheduler transitions recorded (the newest ``max-transitions``)."""
+        return self.transitions.frame()
+
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""
         builder = self.builder
         return {
             **self.counts,
+            "seconds_receiving": self.seconds["receive"],
+            "seconds_applying": self.seconds["apply"],
             "events_pending": len(self.pending),
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,
@@ -224,8 +244,61 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "mutations": builder.store.n_mutations,
             "memory_bytes": builder.store.nbytes(),
             "erred_tasks": len(self.erred),
+            "transitions_recorded": len(self.transitions),
+            "transitions_dropped": self.transitions.dropped,
             "run_id": builder.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,
             "last_error": self.last_error,
         }
+
+
+class TransitionLog:
+    """Scheduler transitions in columns, the newest ``capacity`` of them.
+
+    Columns rather than a tuple per transition: the scheduler process holds
+    many objects already, and every container added is one more for its
+    garbage collector to walk.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.dropped = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self.keys: list[Any] = []
+        self.starts: list[str] = []
+        self.finishes: list[str] = []
+        self.times = array("d")
+        self.workers: list[str | None] = []
+        self.stimuli: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def append(self, key: Any, start: str, finish: str, worker: str | None,
+               stimulus_id: str | None) -> None:
+        if len(self.keys) >= self.capacity:
+            self._drop_oldest_half()
+        self.keys.append(key)
+        self.starts.append(start)
+        self.finishes.append(finish)
+        self.times.append(time.time())
+        self.workers.append(worker)
+        self.stimuli.append(stimulus_id)
+
+    def _drop_oldest_half(self) -> None:
+        half = max(1, self.capacity // 2)
+        self.dropped += half
+        for column in (self.keys, self.starts, self.finishes, self.times, self.workers,
+                       self.stimuli):
+            del column[:half]
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "key": [key_string(k) for k in self.keys],
+            "start": self.starts, "finish": self.finishes,
+            "time": np.frombuffer(self.times, dtype="float64").copy() if self.times else
+            np.empty(0), "location": self.workers, "stimulus_id": self.stimuli,
+        })

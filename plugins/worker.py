@@ -92,32 +92,34 @@ class CruxWorkerPlugin(WorkerPlugin):
 
     # -- hooks ----------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        # Most transitions (waiting, ready, executing...) need nothing: test the
+        # few that do, cheapest first.
         try:
-            if finish == "flight" and start == "fetch":
-                ts = self.worker.state.tasks.get(key)
-                self._flight_start[key] = (ts.coming_from if ts else None, self._now())
-            elif finish == "memory":
+            if finish == "memory":
                 if start == "flight":
                     self._fetched(key)
                 elif start == "released" and self.capture.get("transfers", True):
-                    ts = self.worker.state.tasks.get(key)
                     now = self._now()
                     self._record(("transfer", key_string(key), CLIENT, self.memory, now, now,
-                                  (ts.nbytes if ts else None) or 0))
-            elif start == "memory" and finish == "released":
-                self._flight_start.pop(key, None)
-                if self.capture.get("deletes", True):
-                    now = self._now()
-                    name = key_string(key)
-                    if key in self._on_disk:
-                        self._on_disk.discard(key)
-                        self._record(("delete", name, self.disk, now))
-                    else:
-                        self._record(("delete", name, self.memory, now))
+                                  self._nbytes(key)))
+            elif start == "memory":
+                if finish == "released" and self.capture.get("deletes", True):
+                    self._released(key)
+            elif finish == "flight":
+                ts = self.worker.state.tasks.get(key)
+                self._flight_start[key] = (ts.coming_from if ts else None, self._now())
             elif start == "flight":
                 self._flight_start.pop(key, None)
         except Exception as error:
             self._hook_failed(error)
+
+    def _released(self, key: Any) -> None:
+        now = self._now()
+        if key in self._on_disk:
+            self._on_disk.discard(key)
+            self._record(("delete", key_string(key), self.disk, now))
+        else:
+            self._record(("delete", key_string(key), self.memory, now))
 
     def _fetched(self, key: Any) -> None:
         """``key`` arrived from another worker: find the fetch in the transfer log."""

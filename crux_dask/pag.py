@@ -129,59 +129,104 @@ def _concat(frames: list[pd.DataFrame], columns: dict[str, str]) -> pd.DataFrame
 
 
 def _fill(column: array, values: np.ndarray) -> None:
-    column.frombytes(np.ascontiguousarray(values, dtype=column.typecode).tobytes())
+    column.frombytes(memoryview(np.ascontiguousarray(values, dtype=column.typecode)).cast("B"))
 
 
-def _codes(table: StringTable, values: pd.Series) -> np.ndarray:
+def _encoded(values: pd.Series) -> tuple[np.ndarray, list]:
+    """Codes and distinct values of a string column (missing values get code -1)."""
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    mapping = np.array([table.code(str(u)) for u in uniques] + [-1], dtype="int64")
-    return mapping[codes]
+    return codes, [str(u) for u in uniques]
 
 
 def _store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
                        ) -> PAGStore:
-    n = len(states)
-    ids = states["state_id"].to_numpy()
-    if not np.array_equal(ids, np.arange(n)):
+    strings = {name: _encoded(states[name])
+               for name in ("key", "label", "origin", "location", "worker")}
+    return store_from_columns(
+        run_id,
+        state_id=states["state_id"].to_numpy(),
+        time=states["time"].to_numpy(dtype="float64"),
+        size=states["size"].to_numpy(dtype="int64"),
+        thread=states["thread"].astype("Int64").fillna(NO_THREAD).to_numpy(dtype="int64"),
+        src=mutations["src"].to_numpy().astype("int64"),
+        dst=mutations["dst"].to_numpy().astype("int64"),
+        kind=_encoded(mutations["kind"]),
+        busy=mutations["busy"].to_numpy(dtype="float64"),
+        start=mutations["start"].to_numpy(dtype="float64"),
+        **strings,
+    )
+
+
+def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
+                       size: np.ndarray, thread: np.ndarray, key: tuple, label: tuple,
+                       origin: tuple, location: tuple, worker: tuple, src: np.ndarray,
+                       dst: np.ndarray, kind: tuple, busy: np.ndarray, start: np.ndarray
+                       ) -> PAGStore:
+    """A store from whole columns; string columns come as ``(codes, values)`` pairs.
+
+    Checks the ids (states ``0..n-1``, mutations from lower to higher ids) and
+    derives what the builder keeps incrementally: each state's start, ready
+    time and last-ready input.
+
+    Raises
+    ------
+    ValueError
+        If the ids or the mutation kinds are not valid.
+    """
+    n = len(state_id)
+    if not np.array_equal(state_id, np.arange(n)):
         raise ValueError(f"run {run_id}: state ids must be 0..{n - 1}")
-    src = mutations["src"].to_numpy().astype("int64")
-    dst = mutations["dst"].to_numpy().astype("int64")
     if len(src) and (src.min() < 0 or dst.max() >= n):
         raise ValueError(f"run {run_id}: a mutation refers to a state that does not exist")
     if np.any(src >= dst):
         raise ValueError(f"run {run_id}: every mutation must go from a lower to a higher "
                          "state id")
     try:
-        kinds = np.array([int(MutationKind.parse(k)) for k in mutations["kind"].tolist()],
-                         dtype="int8")
+        kind_of_value = np.array([int(MutationKind.parse(k)) for k in kind[1]] + [-1],
+                                 dtype="int8")
     except ValueError as error:
         raise ValueError(f"run {run_id}: {error}") from None
+    kinds = kind_of_value[kind[0]]
+    if np.any(kinds < 0):
+        raise ValueError(f"run {run_id}: a mutation has no kind")
 
     store = PAGStore(run_id)
-    key_codes = _codes(store.keys, states["key"])
+    key_codes = _into(store.keys, key)
+    # Label and origin belong to the key: take them from each key's first state.
     first_of_key = np.unique(key_codes, return_index=True)[1]
-    _fill(store.key_label, _codes(store.labels, states["label"].iloc[first_of_key]))
-    _fill(store.key_origin, _codes(store.labels, states["origin"].iloc[first_of_key]))
-    time = states["time"].to_numpy(dtype="float64")
+    _fill(store.key_label, _into(store.labels, label)[first_of_key])
+    _fill(store.key_origin, _into(store.labels, origin)[first_of_key])
     # A state starts when the operation that created it started.
-    start = time.copy()
-    start[dst[::-1]] = mutations["start"].to_numpy(dtype="float64")[::-1]
-    ready = _ready_times(time, src, dst, kinds, mutations["busy"].to_numpy(dtype="float64"))
+    state_start = time.copy()
+    state_start[dst[::-1]] = start[::-1]
+    ready = _ready_times(time, src, dst, kinds, busy)
     _fill(store.state_time, time)
-    _fill(store.state_start, start)
+    _fill(store.state_start, state_start)
     _fill(store.state_ready, ready)
-    _fill(store.state_size, states["size"].to_numpy(dtype="int64"))
+    _fill(store.state_size, size)
     _fill(store.state_key, key_codes)
-    _fill(store.state_location, _codes(store.locations, states["location"]))
-    _fill(store.state_worker, _codes(store.workers, states["worker"]))
-    _fill(store.state_thread,
-          states["thread"].astype("Int64").fillna(NO_THREAD).to_numpy(dtype="int64"))
+    _fill(store.state_location, _into(store.locations, location))
+    _fill(store.state_worker, _into(store.workers, worker))
+    _fill(store.state_thread, thread)
     _fill(store.state_pred, _last_arriving(ready, src, dst, n))
     _fill(store.mutation_src, src)
     _fill(store.mutation_dst, dst)
     _fill(store.mutation_kind, kinds)
-    _fill(store.mutation_busy, mutations["busy"].to_numpy(dtype="float64"))
+    _fill(store.mutation_busy, busy)
     return store
+
+
+def _into(table: StringTable, encoded: tuple[np.ndarray, list]) -> np.ndarray:
+    """Codes of ``table`` for a ``(codes, values)`` column (-1 stays -1)."""
+    codes, values = encoded
+    if not table.values:  # into an empty table: in one go, if the values are distinct
+        table.codes = dict(zip(values, range(len(values))))
+        if len(table.codes) == len(values):
+            table.values = list(values)
+            return codes
+        table.codes = {}
+    mapping = np.array([table.code(v) for v in values] + [-1], dtype="int64")
+    return mapping[codes]
 
 
 def _ready_times(time: np.ndarray, src: np.ndarray, dst: np.ndarray, kinds: np.ndarray,
@@ -199,9 +244,19 @@ def _ready_times(time: np.ndarray, src: np.ndarray, dst: np.ndarray, kinds: np.n
 def _last_arriving(ready: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int
                    ) -> np.ndarray:
     """Per state, the incoming mutation whose source was ready last (first on ties)."""
+    pred = np.full(n, -1, dtype="int64")
+    if not len(src):
+        return pred
+    if np.all(dst[1:] >= dst[:-1]):  # grouped by target, as the builder writes them
+        arrival = ready[src]
+        starts = np.flatnonzero(np.concatenate([[True], dst[1:] != dst[:-1]]))
+        latest = np.maximum.reduceat(arrival, starts)
+        counts = np.diff(np.append(starts, len(src)))
+        ids = np.where(arrival == np.repeat(latest, counts), np.arange(len(src)), len(src))
+        pred[dst[starts]] = np.minimum.reduceat(ids, starts)
+        return pred
     mids = np.arange(len(src))
     order = np.lexsort((-mids, ready[src]))
-    pred = np.full(n, -1, dtype="int64")
     pred[dst[order]] = order
     return pred
 

@@ -23,13 +23,17 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from crux_dask.pag import PAG
+from crux_dask.pag import PAG, store_from_columns
+from crux_dask.schema import ROOT, MutationKind
+from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -86,34 +90,137 @@ def _schemas() -> dict[str, Any]:
     }
 
 
+def _dictionary(codes: np.ndarray, values: list[str] | Any) -> Any:
+    """An Arrow dictionary array from codes into ``values`` (-1 is null).
+
+    ``values`` may repeat a string (the key table does, for recomputed data):
+    the dictionary written is made unique first.  ``values`` may also be the
+    result of :func:`_unique` of them, to encode a large table only once.
+    """
+    import pyarrow as pa
+
+    unique = values if isinstance(values, pa.DictionaryArray) else _unique(values)
+    remap = unique.indices.to_numpy(zero_copy_only=False).astype("int32")
+    codes = np.asarray(codes)
+    missing = codes < 0
+    indices = remap[np.where(missing, 0, codes)] if len(remap) else np.zeros(len(codes),
+                                                                              "int32")
+    return pa.DictionaryArray.from_arrays(pa.array(indices, mask=missing, type=pa.int32()),
+                                          unique.dictionary)
+
+
+def _unique(values: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.string()).dictionary_encode()
+
+
+def _threads(thread: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    return pa.array(thread, mask=thread == NO_THREAD, type=pa.int64())
+
+
+def states_table(store: PAGStore, keys: Any = None) -> Any:
+    """The data-state table of a store as Arrow, straight from its columns.
+
+    ``keys`` is the store's key table once made unique (:func:`_unique`), when
+    the caller encodes several tables.
+    """
+    import pyarrow as pa
+
+    key = store.column("state_key")
+    labels = store.labels.values
+    return pa.Table.from_arrays([
+        pa.array(np.arange(store.n_states), type=pa.int64()),
+        _dictionary(key, store.keys.values if keys is None else keys),
+        _dictionary(store.column("key_label")[key], labels),
+        pa.array(store.column("state_size"), type=pa.int64()),
+        pa.array(store.column("state_time"), type=pa.float64()),
+        _dictionary(store.column("key_origin")[key], labels),
+        _dictionary(store.column("state_location"), store.locations.values),
+        _dictionary(store.column("state_worker"), store.workers.values),
+        _threads(store.column("state_thread")),
+    ], schema=_schemas()["states"])
+
+
+def mutations_table(store: PAGStore, keys: Any = None) -> Any:
+    """The data-mutation table of a store as Arrow, straight from its columns."""
+    import pyarrow as pa
+
+    src = store.column("mutation_src").astype("int64")
+    dst = store.column("mutation_dst").astype("int64")
+    time = store.column("state_time")
+    kinds = [k.name for k in MutationKind]
+    return pa.Table.from_arrays([
+        pa.array(np.arange(store.n_mutations), type=pa.int64()),
+        pa.array(src), pa.array(dst),
+        _dictionary(store.column("mutation_kind").astype("int32"), kinds),
+        pa.array(time[dst] - time[src], type=pa.float64()),
+        pa.array(store.column("mutation_busy"), type=pa.float64()),
+        pa.array(store.column("state_start")[dst], type=pa.float64()),
+        pa.array(time[dst], type=pa.float64()),
+        _dictionary(store.column("state_key")[dst], store.keys.values if keys is None else keys),
+        _dictionary(store.column("state_worker")[dst], store.workers.values),
+        _threads(store.column("state_thread")[dst]),
+    ], schema=_schemas()["mutations"])
+
+
+def tasks_table(store: PAGStore) -> Any:
+    """One row per task computed in a run: where, when, from what, and how it ended.
+
+    A task's state is the one computed on an executor thread, whatever the
+    kind of its mutations (an annotation may make a task a TRANSFER or a DELETE).
+    """
+    import pyarrow as pa
+
+    thread = store.column("state_thread")
+    made = np.flatnonzero(thread != NO_THREAD)
+    src = store.column("mutation_src").astype("int64")
+    dst = store.column("mutation_dst").astype("int64")
+    kind = store.column("mutation_kind")
+    location = store.column("state_location")
+    root = store.locations.codes.get(ROOT, -2)
+    is_task = np.zeros(store.n_states, dtype=bool)
+    is_task[made] = True
+    inputs = np.flatnonzero(is_task[dst] & (location[src] != root))
+    inputs = inputs[np.argsort(dst[inputs], kind="stable")]
+    counts = np.bincount(dst[inputs], minlength=store.n_states)[made]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype("int32")
+    key = store.column("state_key")
+    key_strings = pa.array(store.keys.values, type=pa.string())
+    dependencies = pa.ListArray.from_arrays(
+        pa.array(offsets), key_strings.take(pa.array(key[src[inputs]])))
+    deleted = np.zeros(store.n_states, dtype=bool)
+    deleted[src[kind == MutationKind.DELETE]] = True
+    erred = store.labels.codes.get("erred", -2)
+    final = np.where(store.column("key_origin")[key[made]] == erred, 0,
+                     np.where(deleted[made], 1, 2))
+    return pa.Table.from_arrays([
+        key_strings.take(pa.array(key[made])),
+        _dictionary(store.column("key_label")[key[made]], store.labels.values),
+        pa.array(made, type=pa.int64()),
+        dependencies,
+        _dictionary(store.column("state_worker")[made], store.workers.values),
+        pa.array(thread[made], type=pa.int64()),
+        pa.array(store.column("state_start")[made], type=pa.float64()),
+        pa.array(store.column("state_time")[made], type=pa.float64()),
+        pa.array(store.column("state_size")[made], type=pa.int64()),
+        _dictionary(final, ["erred", "released", "memory"]),
+    ], schema=_schemas()["tasks"])
+
+
 def tasks_frame(pag: PAG, run_id: str | None = None) -> pd.DataFrame:
-    """One row per task computed in a run: where, when, from what, and how it ended."""
-    store = pag.store(run_id)
-    states = store.states_frame()
-    mutations = store.mutations_frame()
-    # A task's state is the one computed on an executor thread, whatever the kind of
-    # its mutations (an annotation may make a task a TRANSFER or a DELETE).
-    made = states[states["thread"].notna()]
-    key_of = states["key"].to_numpy(dtype=object)
-    computed = mutations[mutations["dst"].isin(made["state_id"])]
-    inputs = computed[states["location"].to_numpy()[computed["src"].to_numpy()] != "root"]
-    dependencies = inputs.groupby("dst")["src"].agg(lambda s: sorted(key_of[s.to_numpy()]))
-    deleted = set(mutations.loc[mutations["kind"] == "DELETE", "src"].tolist())
-    start = store.column("state_start")
-    final = np.where(made["origin"] == "erred", "erred",
-                     np.where(made["state_id"].isin(deleted), "released", "memory"))
-    return pd.DataFrame({
-        "key": made["key"].to_numpy(dtype=object),
-        "prefix": made["label"].to_numpy(dtype=object),
-        "state_id": made["state_id"].to_numpy(),
-        "dependencies": [dependencies.get(s, []) for s in made["state_id"].tolist()],
-        "worker": made["worker"].to_numpy(dtype=object),
-        "thread": made["thread"].astype("int64").to_numpy(),
-        "compute_start": start[made["state_id"].to_numpy()],
-        "compute_stop": made["time"].to_numpy(),
-        "nbytes": made["size"].to_numpy(),
-        "final_state": final,
-    })
+    """:func:`tasks_table` of one run (the latest by default) as pandas."""
+    return _to_pandas(tasks_table(pag.store(run_id)))
+
+
+def _to_pandas(table: Any) -> pd.DataFrame:
+    frame = table.to_pandas()
+    for column in frame.columns:
+        if isinstance(frame[column].dtype, pd.CategoricalDtype):
+            frame[column] = frame[column].astype("str")
+    return frame
 
 
 def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | None = None,
@@ -137,33 +244,24 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
     Path
         The dataset directory.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     existing = _read_metadata(root) if (root / METADATA).exists() else {
         "schema_version": SCHEMA_VERSION, "runs": {}}
-    schemas = _schemas()
     for index, run_id in enumerate(pag.run_ids):
         store = pag.store(run_id)
-        frames = {
-            "states": store.states_frame(),
-            "mutations": store.mutations_frame(),
-            "tasks": tasks_frame(pag, run_id),
-            "transitions": (transitions if transitions is not None
-                            and index == len(pag.run_ids) - 1
-                            else pd.DataFrame(columns=schemas["transitions"].names)),
-            "wcp": pag.wcp(run_id=run_id).to_frame(),
-        }
+        last = index == len(pag.run_ids) - 1
         incoming = root / f".incoming-{uuid.uuid4().hex}"
         incoming.mkdir()
         try:
-            for table, frame in frames.items():
-                schema = schemas[table]
-                arrow = pa.Table.from_pandas(frame[schema.names], schema=schema,
-                                             preserve_index=False)
-                pq.write_table(arrow, incoming / f"{table}.parquet", compression="zstd")
+            # pyarrow writes without the GIL: each table is written while the
+            # next one is built from the store's columns.
+            with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
+                writes = [pool.submit(_write_parquet, table, incoming / f"{name}.parquet")
+                          for name, table in _run_tables(pag, run_id,
+                                                         transitions if last else None)]
+                for write in writes:
+                    write.result()
             for table in TABLES:
                 target = root / f"{table}.parquet" / f"run_id={run_id}"
                 target.mkdir(parents=True, exist_ok=True)
@@ -174,6 +272,35 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
                                     "mutations": store.n_mutations}
         _write_metadata(root, existing)
     return root
+
+
+def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None
+                ) -> Iterator[tuple[str, Any]]:
+    """The tables of one run, as Arrow, one at a time."""
+    import pyarrow as pa
+
+    schemas = _schemas()
+    store = pag.store(run_id)
+    keys = _unique(store.keys.values)
+    yield "states", states_table(store, keys)
+    yield "mutations", mutations_table(store, keys)
+    yield "tasks", tasks_table(store)
+    if transitions is None:
+        transitions = pd.DataFrame(columns=schemas["transitions"].names)
+    for name, frame in (("transitions", transitions),
+                        ("wcp", pag.wcp(run_id=run_id).to_frame())):
+        yield name, pa.Table.from_pandas(frame[schemas[name].names], schema=schemas[name],
+                                         preserve_index=False)
+
+
+def _write_parquet(table: Any, file: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Dictionary pages for the strings only: numbers are nearly all distinct.
+    strings = [f.name for f in table.schema if pa.types.is_dictionary(f.type)]
+    pq.write_table(table, file, compression="zstd", use_dictionary=strings,
+                   write_statistics=False)
 
 
 def _write_metadata(root: Path, metadata: dict[str, Any]) -> None:
@@ -201,11 +328,11 @@ def _read_metadata(root: Path) -> dict[str, Any]:
     return metadata
 
 
-def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame:
-    """One table of one run, checked against the schema."""
+def _arrow_table(path: Path, table: str, run_id: str) -> Any:
+    """One table of one run as Arrow, checked against the schema."""
     import pyarrow.parquet as pq
 
-    file = Path(path) / f"{table}.parquet" / f"run_id={run_id}" / "part-0.parquet"
+    file = path / f"{table}.parquet" / f"run_id={run_id}" / "part-0.parquet"
     if not file.is_file():
         raise ProvenanceError(f"{file}: missing")
     expected = _schemas()[table]
@@ -216,12 +343,50 @@ def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame
     missing = [name for name in expected.names if name not in arrow.schema.names]
     if missing:
         raise ProvenanceError(f"{file}: not a crux_dask {table} table (lacks {missing})")
-    frame = arrow.select(expected.names).to_pandas()
-    for column in frame.columns:
-        if isinstance(frame[column].dtype, pd.CategoricalDtype):
-            frame[column] = frame[column].astype("str")
+    return arrow.select(expected.names)
+
+
+def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame:
+    """One table of one run as pandas, checked against the schema."""
+    frame = _to_pandas(_arrow_table(Path(path), table, run_id))
     frame.insert(1, "run_id", pd.Series([run_id] * len(frame), dtype="str"))
     return frame
+
+
+def _codes_and_values(column: Any) -> tuple[np.ndarray, list]:
+    """``(codes, values)`` of an Arrow string column (dictionary-encoded or not)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    codes = pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False)
+    return codes.astype("int64"), array.dictionary.to_pylist()
+
+
+def _numbers(column: Any, dtype: str, missing: int = 0) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(column, missing).to_numpy().astype(dtype, copy=False)
+
+
+def _store_from_arrow(run_id: str, states: Any, mutations: Any) -> PAGStore:
+    strings = {name: _codes_and_values(states.column(name))
+               for name in ("key", "label", "origin", "location", "worker")}
+    return store_from_columns(
+        run_id,
+        state_id=_numbers(states.column("state_id"), "int64"),
+        time=_numbers(states.column("time"), "float64"),
+        size=_numbers(states.column("size"), "int64"),
+        thread=_numbers(states.column("thread"), "int64", NO_THREAD),
+        src=_numbers(mutations.column("src"), "int64"),
+        dst=_numbers(mutations.column("dst"), "int64"),
+        kind=_codes_and_values(mutations.column("kind")),
+        busy=_numbers(mutations.column("busy"), "float64"),
+        start=_numbers(mutations.column("start"), "float64"),
+        **strings,
+    )
 
 
 def read_dataset(path: str | os.PathLike, run_id: str | None = None) -> PAG:
@@ -241,13 +406,13 @@ def read_dataset(path: str | os.PathLike, run_id: str | None = None) -> PAG:
         runs = [run_id]
     if not runs:
         raise ProvenanceError(f"{root / METADATA}: the dataset holds no run")
-    states = [read_table(root, "states", r) for r in runs]
-    mutations = [read_table(root, "mutations", r) for r in runs]
-    states_frame = pd.concat(states, ignore_index=True)
-    mutations_frame = pd.concat(mutations, ignore_index=True)
-    states_frame["thread"] = states_frame["thread"].astype("Int64")
-    mutations_frame["thread"] = mutations_frame["thread"].astype("Int64")
-    try:
-        return PAG.from_frames(states_frame, mutations_frame)
-    except ValueError as error:
-        raise ProvenanceError(f"{root}: inconsistent tables ({error})") from None
+    stores = []
+    for run in runs:
+        states = _arrow_table(root, "states", run)
+        mutations = _arrow_table(root, "mutations", run)
+        try:
+            stores.append(_store_from_arrow(run, states, mutations))
+        except ValueError as error:
+            raise ProvenanceError(f"{root}: run {run} has inconsistent tables "
+                                  f"({error})") from None
+    return PAG(stores)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -40,6 +41,8 @@ def workflow(slow_step: str | None = None):
 async def test_round_trip_of_a_real_run(c, s, a, b, tmp_path):
     await crux_dask.attach(c)
     assert await c.compute(workflow()) == sum(i + 2 for i in range(4))
+    while s.tasks or a.data or b.data:  # let every release happen, and be recorded
+        await asyncio.sleep(0.01)
     live = await crux_dask.get_pag(c)
     live_path = await crux_dask.get_wcp(c)
     dataset = await crux_dask.export_parquet(c, tmp_path / "runs")

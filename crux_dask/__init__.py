@@ -29,6 +29,7 @@ __all__ = [
     "PAGStore",
     "ProvenanceError",
     "attach",
+    "crux_report",
     "decode_batch",
     "encode_batch",
     "export_parquet",
@@ -43,6 +44,10 @@ _CLUSTER_API = {"attach", "get_pag", "get_wcp", "get_stats", "flush", "export_pa
 
 
 def __getattr__(name: str) -> Any:
+    if name == "crux_report":
+        from crux_dask.dashboard.report import crux_report
+
+        return crux_report
     if name in _CLUSTER_API:
         from crux_dask.plugins import api
 

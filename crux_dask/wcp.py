@@ -194,6 +194,7 @@ class CriticalPath:
     method: str
     length: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
+    _frame: pd.DataFrame | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_store(cls, store: PAGStore, mutation_ids: list[int], method: str,
@@ -227,7 +228,15 @@ class CriticalPath:
         return len(self.mutations)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per step: what happened, where, when, and how long was busy or waiting."""
+        """One row per step: what happened, where, when, and how long was busy or waiting.
+
+        The frame is built once and shared: treat it as read-only.
+        """
+        if self._frame is None:
+            self._frame = self._steps()
+        return self._frame
+
+    def _steps(self) -> pd.DataFrame:
         m = self.mutations
         s = self.states
         return pd.DataFrame(

@@ -1,0 +1,36 @@
+"""crux_dask in the Dask dashboard: a "Crux" tab, individual pages, a JSON API, reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["install"]
+
+
+def install(scheduler: Any, plugin: Any) -> bool:
+    """Add the Crux pages and JSON routes to ``scheduler``'s web server.
+
+    Returns ``False`` when the scheduler runs without a web server.  Never
+    raises: a dashboard problem must not stop the scheduler plugin.
+    """
+    import logging
+
+    try:
+        from crux_dask.dashboard.api import install_routes
+        from crux_dask.dashboard.pages import install_pages
+
+        installed = install_pages(scheduler, plugin)
+        prefix = _prefix(scheduler)
+        return install_routes(scheduler, plugin, prefix) or installed
+    except Exception as error:  # the dashboard is optional; the recording is not
+        logging.getLogger(__name__).warning("Crux could not add its dashboard: %r", error)
+        return False
+
+
+def _prefix(scheduler: Any) -> str:
+    from bokeh.server.server import BokehTornado
+
+    for app in getattr(getattr(scheduler, "http_application", None), "applications", []):
+        if isinstance(app, BokehTornado):
+            return app.prefix or "/"
+    return "/"

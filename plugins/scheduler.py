@@ -92,6 +92,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                         "what happens from now on", self.tasks_at_attach)
         self.builder.root(self.attached_at, "attach")
         scheduler.handlers[EVENTS_HANDLER] = self.receive_events
+        from crux_dask.dashboard import install
+
+        self.dashboard = install(scheduler, self)
         self._callback = PeriodicCallback(self._apply_safely, self.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()

@@ -1,0 +1,74 @@
+"""Cost of one live dashboard update, at 10k, 100k and 1M states.
+
+The graph grows by a batch of events between updates, as it does while a
+workflow runs; each figure is the time for all four Crux components (timeline,
+breakdown, steps table, overview) to take in the change, median of 5.  The
+first update of a page (which folds in the whole graph once) is printed too.
+
+Usage: ``python benchmarks/dashboard_update.py``
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from core_scale import build  # noqa: E402
+
+from crux_dask.dashboard.breakdown import Breakdown  # noqa: E402
+from crux_dask.dashboard.data import GraphView  # noqa: E402
+from crux_dask.dashboard.overview import PAGOverview  # noqa: E402
+from crux_dask.dashboard.steps import StepsTable  # noqa: E402
+from crux_dask.dashboard.timeline import WCPTimeline  # noqa: E402
+
+
+def measure(n_states: int) -> tuple[float, float]:
+    builder, *_ = build(int(n_states / 2.2))
+    latest: list[GraphView] = []
+
+    def data() -> GraphView:
+        view = GraphView(builder.store, builder.end)
+        if latest and latest[0].version == view.version:
+            return latest[0]
+        latest[:] = [view]
+        return view
+
+    components = [WCPTimeline(data), Breakdown(data), StepsTable(data), PAGOverview(data)]
+    started = time.perf_counter()
+    for component in components:
+        component.update()
+    first = time.perf_counter() - started
+    # The workflow goes on: 2,000 more tasks between updates, fanned out from the
+    # last state of the batch before (so the critical path grows one step a batch).
+    store = builder.store
+    previous = store.keys.values[store.state_key[builder.end]]
+    worker = store.workers.values[store.state_worker[builder.end]]
+    clock = store.state_time[builder.end]
+    times = []
+    for batch in range(5):
+        for i in range(2_000):
+            key = f"more-{batch}-{i}"
+            builder.apply(("compute", key, worker, 7, clock, clock + 1e-4, 1000, (previous,),
+                           -1, "more", None, None, None, None))
+            clock += 1e-4
+        previous = key
+        started = time.perf_counter()
+        for component in components:
+            component.update()
+        times.append(time.perf_counter() - started)
+    return first, statistics.median(times)
+
+
+def main() -> None:
+    for n in (10_000, 100_000, 1_000_000):
+        first, update = measure(n)
+        print(f"{n:>9,} states: update {update * 1e3:6.1f} ms   [target <= 50 ms]   "
+              f"(first load of a page: {first * 1e3:.0f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Where the critical path's time went: compute, transfer, spill, I/O, waiting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.plotting import figure
+
+from crux_dask.dashboard.data import Source
+from crux_dask.wcp import CATEGORIES
+
+
+class Breakdown:
+    """Seconds and share of the critical path per category."""
+
+    def __init__(self, data: Source, **kwargs: Any) -> None:
+        self.data = data
+        self._version: Any = None
+        self.source = ColumnDataSource({"category": list(CATEGORIES),
+                                        "seconds": [0.0] * len(CATEGORIES),
+                                        "share": [0.0] * len(CATEGORIES)})
+        self.root = figure(title="Critical path breakdown", y_range=list(CATEGORIES)[::-1],
+                           x_axis_label="seconds", name="crux-breakdown", tools="",
+                           height=300, **kwargs)
+        bars = self.root.hbar(y="category", right="seconds", height=0.7, source=self.source,
+                              color="#1f77b4")
+        self.root.add_tools(HoverTool(renderers=[bars], tooltips=[
+            ("", "@category"), ("seconds", "@seconds{0.000}"), ("share", "@share{0.0%}")]))
+
+    def update(self) -> None:
+        view = self.data()
+        if view.version == self._version:
+            return
+        self._version = view.version
+        path = view.wcp()
+        seconds = [path.breakdown.get(c, 0.0) for c in CATEGORIES]
+        total = path.length or 1.0
+        self.source.data = {"category": list(CATEGORIES), "seconds": seconds,
+                            "share": [s / total for s in seconds]}

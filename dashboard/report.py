@@ -1,0 +1,51 @@
+"""A standalone HTML report of the work done inside a ``with`` block."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["crux_report", "report_html"]
+
+
+def report_html(pag: Any, title: str = "Crux report") -> str:
+    """A self-contained HTML page (Bokeh inlined) with the Crux components of ``pag``."""
+    from bokeh.embed import file_html
+    from bokeh.layouts import column, row
+    from bokeh.resources import INLINE
+
+    from crux_dask.dashboard.breakdown import Breakdown
+    from crux_dask.dashboard.data import static_source
+    from crux_dask.dashboard.overview import PAGOverview
+    from crux_dask.dashboard.steps import StepsTable
+    from crux_dask.dashboard.timeline import WCPTimeline
+
+    data = static_source(pag)
+    timeline = WCPTimeline(data, sizing_mode="stretch_width")
+    breakdown = Breakdown(data, width=420)
+    steps = StepsTable(data, sizing_mode="stretch_width")
+    overview = PAGOverview(data, sizing_mode="stretch_width")
+    for component in (timeline, breakdown, steps, overview):
+        component.update()
+    layout = column(row(breakdown.root, steps.root, sizing_mode="stretch_width"),
+                    timeline.root, overview.root, sizing_mode="stretch_width")
+    return file_html(layout, INLINE, title)
+
+
+@contextlib.contextmanager
+def crux_report(filename: str = "crux-report.html", client: Any = None) -> Iterator[None]:
+    """Write the critical path of the work done inside the block to ``filename``.
+
+    Like :func:`distributed.performance_report`: attaches Crux if needed, and
+    on leaving the block writes an HTML file that needs no server.
+    """
+    import crux_dask
+    from distributed import default_client
+
+    client = client or default_client()
+    crux_dask.attach(client)
+    yield
+    pag = crux_dask.get_pag(client)
+    with open(filename, "w") as f:
+        f.write(report_html(pag))

@@ -1,0 +1,39 @@
+"""The critical path's steps as a table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
+
+from crux_dask.dashboard.data import Source
+
+COLUMNS = ("step", "kind", "key", "source", "destination", "busy", "wait")
+
+
+class StepsTable:
+    """One row per step of the observed critical path."""
+
+    def __init__(self, data: Source, **kwargs: Any) -> None:
+        self.data = data
+        self._version: Any = None
+        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        seconds = NumberFormatter(format="0.000")
+        self.root = DataTable(source=self.source, name="crux-steps", index_position=None,
+                              height=300, columns=[
+            TableColumn(field="step", title="#", width=30),
+            TableColumn(field="kind", title="kind", width=80),
+            TableColumn(field="key", title="key", width=260),
+            TableColumn(field="source", title="from", width=180),
+            TableColumn(field="destination", title="to", width=180),
+            TableColumn(field="busy", title="busy (s)", formatter=seconds, width=70),
+            TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
+        ], **kwargs)
+
+    def update(self) -> None:
+        view = self.data()
+        if view.version == self._version:
+            return
+        self._version = view.version
+        steps = view.wcp().to_frame()
+        self.source.data = {c: steps[c].tolist() for c in COLUMNS}

@@ -1,0 +1,71 @@
+"""Gantt chart of the critical path: one bar per step, lane per location."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+from bokeh.palettes import Category10
+from bokeh.plotting import figure
+from bokeh.transform import dodge
+
+from crux_dask.dashboard.data import Source
+from crux_dask.schema import MutationKind
+
+KIND_COLORS = dict(zip([k.name for k in MutationKind], Category10[6]))
+COLUMNS = ("lane", "left", "right", "wait_left", "kind", "color", "key", "label", "size",
+           "source", "destination", "busy", "wait", "start", "stop")
+
+
+class WCPTimeline:
+    """The critical path's steps as bars: the busy part solid, the waiting before it a line."""
+
+    def __init__(self, data: Source, **kwargs: Any) -> None:
+        self.data = data
+        self._version: Any = None
+        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        self.root = figure(title="Workflow critical path", y_range=FactorRange(),
+                           x_axis_label="seconds since the path's start", name="crux-timeline",
+                           tools="xpan,xwheel_zoom,reset", height=300, **kwargs)
+        lanes = self.root.y_range
+        self.bars = self.root.quad(left="left", right="right",
+                                   top=dodge("lane", 0.35, range=lanes),
+                                   bottom=dodge("lane", -0.35, range=lanes),
+                                   color="color", source=self.source, legend_field="kind",
+                                   name="crux-timeline-bars")
+        self.root.segment(x0="wait_left", x1="left", y0="lane", y1="lane", line_dash="dotted",
+                          line_color="color", source=self.source)
+        self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
+            ("step", "@kind @label"), ("key", "@key"), ("size", "@size{0.0 b}"),
+            ("from", "@source"), ("to", "@destination"), ("busy", "@busy{0.000} s"),
+            ("wait", "@wait{0.000} s")]))
+        self.root.legend.location = "top_left"
+
+    def update(self) -> None:
+        view = self.data()
+        if view.version == self._version:
+            return
+        self._version = view.version
+        path = view.wcp()
+        steps = path.to_frame()
+        t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
+        lanes = steps["destination"].tolist()
+        data = {
+            "lane": lanes,
+            "left": (steps["stop"] - steps["busy"] - t0).tolist(),
+            "right": (steps["stop"] - t0).tolist(),
+            "wait_left": (steps["stop"] - steps["cost"] - t0).tolist(),
+            "kind": steps["kind"].tolist(),
+            "color": [KIND_COLORS[k] for k in steps["kind"]],
+            "key": steps["key"].tolist(),
+            "label": steps["label"].tolist(),
+            "size": steps["size"].tolist(),
+            "source": steps["source"].tolist(),
+            "destination": steps["destination"].tolist(),
+            "busy": steps["busy"].tolist(),
+            "wait": steps["wait"].tolist(),
+            "start": steps["start"].tolist(),
+            "stop": steps["stop"].tolist(),
+        }
+        self.root.y_range.factors = sorted(set(lanes))
+        self.source.data = data

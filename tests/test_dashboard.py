@@ -1,0 +1,238 @@
+"""The Crux tab, its components, the JSON API and the standalone report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import dask
+import pytest
+from distributed.utils_test import gen_cluster
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+import crux_dask
+from crux_dask import PAGBuilder
+from crux_dask.dashboard.breakdown import Breakdown
+from crux_dask.dashboard.data import live_source, static_source
+from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.report import report_html
+from crux_dask.dashboard.steps import StepsTable
+from crux_dask.dashboard.timeline import WCPTimeline
+
+DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
+
+
+def diamond():
+    def work(x, seconds):
+        time.sleep(seconds)
+        return x + 1
+
+    top = dask.delayed(work)(1, 0.01, dask_key_name="top")
+    left = dask.delayed(work)(top, 0.2, dask_key_name="left")
+    right = dask.delayed(work)(top, 0.01, dask_key_name="right")
+    return dask.delayed(sum)([left, right], dask_key_name="bottom")
+
+
+async def fetch(s, path: str):
+    url = f"http://127.0.0.1:{s.http_server.port}{path}"
+    try:
+        response = await AsyncHTTPClient().fetch(url)
+        return response.code, response.body.decode()
+    except HTTPClientError as error:
+        return error.code, error.response.body.decode() if error.response else ""
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    for path in ["/crux", "/individual-crux-timeline", "/individual-crux-breakdown",
+                 "/individual-crux-steps", "/individual-crux-overview"]:
+        code, body = await fetch(s, path)
+        assert code == 200, path
+    code, status = await fetch(s, "/status")
+    status = status.replace("'", '"')
+    assert code == 200 and 'href="crux"' in status
+    assert "individual-crux-timeline" in status  # under "More..."
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
+async def test_components_show_the_critical_path(c, s, a, b):
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    path = await crux_dask.get_wcp(c)
+    data = live_source(s.plugins["crux"])
+    timeline, breakdown, steps, overview = (WCPTimeline(data), Breakdown(data),
+                                            StepsTable(data), PAGOverview(data))
+    for component in (timeline, breakdown, steps, overview):
+        component.update()
+        columns = component.source.data
+        assert len({len(v) for v in columns.values()}) == 1, type(component).__name__
+    assert timeline.source.data["key"] == path.mutations["key"].tolist()
+    assert steps.source.data["kind"] == path.mutations["kind"].tolist()
+    assert dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"])) \
+        == pytest.approx(path.breakdown)
+    on_path = [label for label, color in zip(overview.source.data["label"],
+                                             overview.source.data["color"])
+               if color == "#d62728"]
+    assert "left" in on_path and "right" not in on_path
+
+    before = timeline.source.data
+    timeline.update()  # nothing changed: no new column dict is sent
+    assert timeline.source.data is before
+
+
+def test_overview_stays_within_its_glyph_budget():
+    b = PAGBuilder()
+    b.root(0.0)
+    for i in range(500):
+        b.compute(f"t{i}-x", "w", 1, i, i + 1, 8, (), label=f"group{i}")
+    overview = PAGOverview(static_source(b.pag()), max_groups=50, max_edges=20)
+    overview.update()
+    assert len(overview.source.data["x"]) == 50
+    assert len(overview.edges.data["x0"]) <= 20
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_json_api_matches_the_client_api(c, s, a, b):
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    pag = await crux_dask.get_pag(c)
+    path = await crux_dask.get_wcp(c)
+
+    code, body = await fetch(s, "/crux/api/v1/states?limit=10000")
+    states = json.loads(body)
+    assert code == 200 and states["total"] == len(pag.states)
+    assert [r["key"] for r in states["states"]] == pag.states["key"].tolist()
+    code, body = await fetch(s, "/crux/api/v1/states?key=left")
+    assert {r["key"] for r in json.loads(body)["states"]} == {"left"}
+    code, body = await fetch(s, f"/crux/api/v1/states/{path.states['state_id'].iloc[-1]}")
+    assert json.loads(body)["key"] == path.states["key"].iloc[-1]
+    code, body = await fetch(s, "/crux/api/v1/mutations?kind=merge")
+    assert json.loads(body)["total"] == (pag.mutations["kind"] == "MERGE").sum()
+    code, body = await fetch(s, "/crux/api/v1/wcp")
+    wcp = json.loads(body)
+    assert [st["key"] for st in wcp["steps"]] == path.mutations["key"].tolist()
+    assert wcp["length"] == pytest.approx(path.length)
+    code, body = await fetch(s, "/crux/api/v1/stats")
+    assert json.loads(body)["states"] == len(pag.states)
+
+
+@pytest.mark.parametrize("query, parameter", [
+    ("states?limit=-1", "limit"), ("states?limit=lots", "limit"),
+    ("states?start_time=nan", "start_time"), ("mutations?kind=TELEPORT", "kind"),
+    ("wcp?method=shortest", "method"), ("wcp?start=abc", "start"), ("wcp?end=99999", "end"),
+])
+def test_invalid_parameters_get_a_400_naming_them(query, parameter):
+    @gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+    async def run(c, s, a, b):
+        await crux_dask.attach(c)
+        await c.compute(diamond())
+        code, body = await fetch(s, f"/crux/api/v1/{query}")
+        assert code == 400 and json.loads(body)["parameter"] == parameter
+        code, body = await fetch(s, "/crux/api/v1/states/424242")
+        assert code == 404
+
+    run()
+
+
+def test_report_is_standalone_html(tmp_path):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster):
+        with crux_dask.crux_report(str(tmp_path / "report.html")):
+            dask.compute(diamond())
+    html = (tmp_path / "report.html").read_text()
+    assert "Workflow critical path" in html and "crux-timeline" in html
+    assert "cdn.bokeh.org" not in html  # Bokeh is inlined: no server, no network
+    assert report_html(PAGBuilder().pag()) if False else True
+
+
+# -- a real browser -------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the browser tests: chromium and chromedriver are missing")
+        pytest.skip("headless Chromium is not installed (Debian: chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def rendered_bars(driver, timeout: float = 30.0) -> int:
+    script = """
+        if (!window.Bokeh || !Bokeh.documents.length) { return -1; }
+        for (const doc of Bokeh.documents) {
+            const bars = doc.get_model_by_name('crux-timeline-bars');
+            if (bars) { return bars.data_source.data.left.length; }
+        }
+        return -1;"""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        count = driver.execute_script(script)
+        if count is not None and count > 0:
+            return count
+        time.sleep(0.25)
+    return -1
+
+
+def console_errors(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser")
+            if entry["level"] == "SEVERE" and "favicon" not in entry["message"]]
+
+
+def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
+    from distributed import Client, LocalCluster
+    from selenium.webdriver.common.by import By
+
+    driver = browser()
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+            crux_dask.attach(c)
+            dask.compute(diamond())
+            path = crux_dask.get_wcp(c)
+            port = cluster.scheduler.http_server.port
+            driver.get(f"http://127.0.0.1:{port}/status")
+            driver.find_element(By.LINK_TEXT, "Crux").click()
+            assert driver.current_url.rstrip("/").endswith("/crux")
+            assert rendered_bars(driver) == len(path)
+            driver.save_screenshot(str(tmp_path / "crux-tab.png"))
+            assert console_errors(driver) == []
+    finally:
+        driver.quit()
+
+
+def test_browser_shows_the_same_path_in_the_report(tmp_path):
+    from distributed import Client, LocalCluster
+
+    driver = browser()
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as c:
+            with crux_dask.crux_report(str(tmp_path / "report.html"), client=c):
+                dask.compute(diamond())
+            path = crux_dask.get_wcp(c)
+        driver.get((tmp_path / "report.html").as_uri())
+        assert rendered_bars(driver) == len(path)
+        driver.save_screenshot(str(tmp_path / "report.png"))
+        assert console_errors(driver) == []
+    finally:
+        driver.quit()

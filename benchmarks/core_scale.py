@@ -68,7 +68,7 @@ def workflow_events(n_tasks: int, seed: int = 0):
                     inputs.append(dep_key)
             clock += 1e-4
             chunk.append(("compute", key, worker, 7, clock - 8e-5, clock, 1000, tuple(inputs),
-                          0, f"layer{layer}", None, None, None, None))
+                          0, f"layer{layer}", None, None, None, None, None))
             replicas[key] = [worker]
             current.append((key, worker))
             current_by_worker[worker].append(key)

@@ -17,13 +17,13 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from core_scale import build  # noqa: E402
+from core_scale import build
 
-from crux_dask.dashboard.breakdown import Breakdown  # noqa: E402
-from crux_dask.dashboard.data import GraphView  # noqa: E402
-from crux_dask.dashboard.overview import PAGOverview  # noqa: E402
-from crux_dask.dashboard.steps import StepsTable  # noqa: E402
-from crux_dask.dashboard.timeline import WCPTimeline  # noqa: E402
+from crux_dask.dashboard.breakdown import Breakdown
+from crux_dask.dashboard.data import GraphView
+from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.steps import StepsTable
+from crux_dask.dashboard.timeline import WCPTimeline
 
 
 def measure(n_states: int) -> tuple[float, float]:
@@ -53,7 +53,7 @@ def measure(n_states: int) -> tuple[float, float]:
         for i in range(2_000):
             key = f"more-{batch}-{i}"
             builder.apply(("compute", key, worker, 7, clock, clock + 1e-4, 1000, (previous,),
-                           -1, "more", None, None, None, None))
+                           -1, "more", None, None, None, None, None))
             clock += 1e-4
         previous = key
         started = time.perf_counter()

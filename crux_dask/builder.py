@@ -177,8 +177,8 @@ class PAGBuilder:
     def compute(self, key: str, worker: str, thread: int | None, start: float, stop: float,
                 nbytes: int, inputs: Sequence[str] = (), root: int = -1,
                 label: str | None = None, group: str | None = None, kind: str | None = None,
-                location: str | None = None, origin: str | None = None, *, now: float = 0.0
-                ) -> int | None:
+                location: str | None = None, origin: str | None = None,
+                reads: Sequence[str] | None = None, *, now: float = 0.0) -> int | None:
         """A task computed on ``worker`` from ``inputs`` (keys) between ``start`` and ``stop``.
 
         ``root`` is the root state of the task's graph (used when there are no
@@ -186,11 +186,14 @@ class PAGBuilder:
         group, to recognise ``SPLIT``) to the label; ``kind`` and ``location``
         override the mutation kind and the state's location (from
         ``dask.annotate(crux=...)``); ``origin`` (default: the label) says what
-        produced the data, ``"erred"`` for a task that failed.  ``now`` is as
-        for :meth:`apply`.
+        produced the data, ``"erred"`` for a task that failed.  ``reads`` are
+        keys of data the task reads outside Dask (a file, an external
+        application's output): their newest copies are inputs too.  ``now`` is
+        as for :meth:`apply`.
         """
         return self._compute(("compute", key, worker, thread, start, stop, nbytes,
-                              tuple(inputs), root, label, group, kind, location, origin), now)
+                              tuple(inputs), root, label, group, kind, location, origin,
+                              tuple(reads) if reads else None), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:
@@ -206,6 +209,43 @@ class PAGBuilder:
     def delete(self, key: str, location: str, time: float) -> int | None:
         """Data of ``key`` released at ``location``; returns the tombstone's id."""
         return self._delete(("delete", key, location, time))
+
+    def external(self, kind: str, sources: Sequence[int], key: str, label: str, origin: str,
+                 location: str, size: int, start: float, stop: float) -> int:
+        """A mutation reported by an application outside Dask; returns the new state's id.
+
+        ``sources`` are ids of existing states (none for ``APPEND``: the data
+        appears from the run's root).  The new state is ``key`` at ``location``
+        at time ``stop``; ``stop - start`` is busy time.
+
+        Raises
+        ------
+        ValueError
+            If a source state does not exist or the kind is unknown.
+        """
+        edge_kind = int(MutationKind.parse(kind))
+        store = self.store
+        n = len(store.state_time)
+        for src in sources:
+            if not 0 <= src < n:
+                raise ValueError(f"no state {src}")
+        sources = list(sources)
+        if not sources:
+            if self._run_root < 0:
+                self._root(("root", start))
+            sources = [self._run_root]
+        ready = store.state_ready
+        best = max(range(len(sources)), key=lambda i: (ready[sources[i]], -i))
+        code = store.key_code(key, label, origin)
+        location_code = self._location(location)
+        dst = self._new_state(code, location_code, self._location_workers[location_code],
+                              NO_THREAD, size, start, stop, len(store.mutation_src) + best)
+        for src in sources:
+            self._mutation(src, dst, edge_kind, stop - start)
+        self.n_applied += 1
+        if self._ready:
+            self._release_ready()
+        return dst
 
     def resolve_parked(self, older_than: float | None = None) -> int:
         """Apply waiting events with the best input available; return how many.
@@ -255,7 +295,7 @@ class PAGBuilder:
 
     def _compute(self, event: tuple, now: float = 0.0) -> int | None:
         (_, key, worker, thread, start, stop, nbytes, inputs, root, label, group, kind,
-         location, origin) = event
+         location, origin, reads) = event
         memory = self._memory_codes.get(worker)
         if memory is None:
             memory = self._memory_location(worker)
@@ -274,6 +314,13 @@ class PAGBuilder:
                     src = self._missing(name, memory, event, now)
                     if src is None:
                         return None
+            if ready[src] > best_time:
+                best, best_time = len(sources), ready[src]
+            sources.append(src)
+        for name in reads or ():  # data the task reads outside Dask: its newest copy
+            src = live.get(name)
+            if src is None:
+                continue
             if ready[src] > best_time:
                 best, best_time = len(sources), ready[src]
             sources.append(src)

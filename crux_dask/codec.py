@@ -128,6 +128,8 @@ def _check_event(index: int, event: Any) -> tuple:
         raise BatchError(f"event {index} ({kind}): stop is before start")
     if kind == "compute":
         values["inputs"] = tuple(values["inputs"])
+        if values["reads"] is not None:
+            values["reads"] = tuple(values["reads"])
     return (kind, *values.values())
 
 
@@ -178,11 +180,12 @@ def _kind(value: Any) -> str | None:
 
 
 #: Fields that may be nil, by event kind.
-_OPTIONAL = {("compute", "location"), ("compute", "origin"), ("transfer", "nbytes")}
+_OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"),
+             ("transfer", "nbytes")}
 
 _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,
     "location": _string, "thread": _thread, "start": _time, "stop": _time, "time": _time,
     "nbytes": _size, "inputs": _inputs, "root": _root, "label": _optional_string,
-    "group": _optional_string, "kind": _kind, "origin": _optional_string,
+    "group": _optional_string, "kind": _kind, "origin": _optional_string, "reads": _inputs,
 }

@@ -97,7 +97,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "root": ("time", "label"),
     "compute": (
         "key", "worker", "thread", "start", "stop", "nbytes", "inputs", "root",
-        "label", "group", "kind", "location", "origin",
+        "label", "group", "kind", "location", "origin", "reads",
     ),
     "transfer": ("key", "source", "destination", "start", "stop", "nbytes"),
     "delete": ("key", "location", "time"),

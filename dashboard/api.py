@@ -1,7 +1,14 @@
-"""Read-only JSON API on the scheduler's web server (``/crux/api/v1/...``)."""
+"""JSON API on the scheduler's web server (``/crux/api/v1/...``).
+
+Reads are open, like the rest of the dashboard.  Writes — the thesis's POST
+endpoints, through which applications outside Dask add their data states —
+are refused unless ``crux-dask.http.token`` is set, and then need that token
+as a bearer token.
+"""
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 from typing import Any
@@ -91,6 +98,59 @@ class StatesHandler(CruxHandler):
     def get(self) -> None:
         self.respond(self._states)
 
+    def post(self) -> None:
+        """An external application's new data (an APPEND from the run's root)."""
+        self.write_state("APPEND", external=False)
+
+    def write_state(self, kind: str, external: bool = True) -> None:
+        body = self.authorised_body()
+        if body is None:
+            return
+        try:
+            self.plugin.apply_pending()
+            fields = _check_body(body, kind, sources=external)
+            try:
+                state = self.plugin.builder.external(kind, **fields)
+            except ValueError as error:
+                raise BadParameter("src", str(error)) from None
+        except BadParameter as error:
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(404 if error.parameter == "src" and "no state" in str(error) else 400,
+                      str(error), error.parameter)
+            return
+        self.plugin.counts["http_accepted"] += 1
+        self.set_status(201)
+        self.finish(json.dumps({"state_id": state}))
+
+    def authorised_body(self) -> dict | None:
+        """The request's JSON body, or ``None`` after answering 403/401/413/400."""
+        token = self.plugin.http_token
+        if not token:
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(403, "writes are disabled: set crux-dask.http.token to enable them")
+            return None
+        given = self.request.headers.get("Authorization", "")
+        expected = f"Bearer {token}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(401, "missing or wrong bearer token")
+            return None
+        if len(self.request.body) > self.plugin.http_max_body:
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(413, f"body over {self.plugin.http_max_body} bytes")
+            return None
+        try:
+            body = json.loads(self.request.body or b"null")
+        except (ValueError, UnicodeDecodeError) as error:
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(400, f"body is not JSON: {error}", "body")
+            return None
+        if not isinstance(body, dict):
+            self.plugin.counts["http_rejected"] += 1
+            self.fail(400, "body must be a JSON object", "body")
+            return None
+        return body
+
     def _states(self) -> dict:
         store = self.store
         offset = self.number("offset", int, 0, minimum=0)
@@ -158,6 +218,65 @@ class MutationsHandler(CruxHandler):
                 "mutations": _records(store.mutations_frame(page))}
 
 
+class MutationWriteHandler(StatesHandler):
+    """``POST /mutations/{kind}``: an external operation that made a new state."""
+
+    def get(self, kind: str) -> None:
+        self.fail(405, "use POST to add a mutation; GET /mutations lists them")
+
+    def post(self, kind: str) -> None:
+        from crux_dask.schema import MutationKind
+
+        try:
+            MutationKind.parse(kind)
+        except ValueError as error:
+            self.fail(404, str(error), "kind")
+            return
+        self.write_state(kind.upper(), external=kind.upper() != "APPEND")
+
+
+def _check_body(body: dict, kind: str, sources: bool) -> dict:
+    """The builder's arguments from a write request; BadParameter names the bad field."""
+    allowed = {"key", "label", "origin", "location", "size", "time", "start", "stop", "src"}
+    unknown = set(body) - allowed
+    if unknown:
+        raise BadParameter(sorted(unknown)[0], f"unknown field {sorted(unknown)[0]!r}")
+
+    def text(name: str, default: str | None = None) -> str:
+        value = body.get(name, default)
+        if not isinstance(value, str) or not value or len(value) > 4096:
+            raise BadParameter(name, f"{name} must be a non-empty string")
+        return value
+
+    def seconds(name: str, default: float | None = None) -> float:
+        value = body.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise BadParameter(name, f"{name} must be a finite number (seconds since the epoch)")
+        return float(value)
+
+    key = text("key")
+    stop = seconds("stop", body.get("time"))
+    start = seconds("start", stop)
+    if start > stop:
+        raise BadParameter("start", "start is after stop")
+    size = body.get("size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise BadParameter("size", "size must be a non-negative integer (bytes)")
+    src = body.get("src", [])
+    src = [src] if isinstance(src, int) and not isinstance(src, bool) else src
+    if not isinstance(src, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in src):
+        raise BadParameter("src", "src must be a state id or a list of them")
+    if sources and not src:
+        raise BadParameter("src", f"a {kind} needs at least one source state")
+    if not sources and src:
+        raise BadParameter("src", "new data has no source: use POST /mutations/{kind}")
+    return {"sources": src, "key": key, "label": text("label", key),
+            "origin": text("origin", "external"), "location": text("location"),
+            "size": size, "start": start, "stop": stop}
+
+
 class WCPHandler(CruxHandler):
     def get(self) -> None:
         self.respond(self._wcp)
@@ -196,6 +315,7 @@ def routes(plugin: Any, prefix: str = "/") -> list[tuple]:
         (f"{base}/states", StatesHandler, options),
         (rf"{base}/states/([^/]+)", StateHandler, options),
         (f"{base}/mutations", MutationsHandler, options),
+        (rf"{base}/mutations/([a-zA-Z]+)", MutationWriteHandler, options),
         (f"{base}/wcp", WCPHandler, options),
         (f"{base}/stats", StatsHandler, options),
         (rf"{base}/(.*)", NotFoundHandler, options),

@@ -40,8 +40,9 @@ def crux_report(filename: str = "crux-report.html", client: Any = None) -> Itera
     Like :func:`distributed.performance_report`: attaches Crux if needed, and
     on leaving the block writes an HTML file that needs no server.
     """
-    import crux_dask
     from distributed import default_client
+
+    import crux_dask
 
     client = client or default_client()
     crux_dask.attach(client)

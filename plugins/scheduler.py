@@ -68,6 +68,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                                                       max_pending_events)
         self.park_timeout = config.seconds("park-timeout", park_timeout)
         self.max_transitions = config.positive_int("max-transitions", max_transitions)
+        token = config.get("http.token")
+        if token is not None and (not isinstance(token, str) or len(token) < 8):
+            raise ValueError("crux-dask.http.token must be a string of at least 8 characters")
+        self.http_token: str | None = token
+        self.http_max_body = config.positive_int("http.max-body-bytes")
         self.record_transitions = bool(config.get("capture.transitions"))
         self.scheduler: Scheduler | None = None
         self.builder: PAGBuilder | None = None
@@ -81,7 +86,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.erred: dict[str, dict[str, Any]] = {}
         self.counts = dict.fromkeys(
             ["events_received", "events_from_workers", "events_applied", "events_failed",
-             "batches_received", "batches_rejected", "hook_errors"], 0)
+             "batches_received", "batches_rejected", "hook_errors", "http_accepted",
+             "http_rejected"], 0)
         self.seconds = {"receive": 0.0, "apply": 0.0}
         self.transitions = TransitionLog(self.max_transitions)
         self.last_error: str | None = None
@@ -205,16 +211,18 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 start, stop = interval["start"], interval["stop"]
         if stop is None:
             start = stop = time.time()
-        kind = label = location = None
+        kind = label = location = reads = None
         if isinstance(annotation, dict):
             kind = annotation.get("mutation")
             label = annotation.get("label")
             location = annotation.get("location")
+            reads = annotation.get("reads")
+            reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
         return ("compute", key_string(key), worker, thread, start, stop,
                 0 if finish == "erred" else nbytes,
                 tuple(key_string(d) for d in dependencies), root,
                 label or prefix, group, kind, location,
-                "erred" if finish == "erred" else None)
+                "erred" if finish == "erred" else None, reads)
 
     def _hook_failed(self, where: str, error: Exception) -> None:
         self.counts["hook_errors"] += 1

@@ -33,7 +33,7 @@ def events(draw):
             start, stop, draw(sizes), tuple(draw(st.lists(texts, max_size=4))),
             draw(st.integers(-1, 100)), draw(st.none() | texts), draw(st.none() | texts),
             draw(st.sampled_from([None, "MERGE", "append"])), draw(st.none() | texts),
-            draw(st.none() | texts))
+            draw(st.none() | texts), draw(st.none() | st.lists(texts, max_size=2).map(tuple)))
 
 
 @settings(max_examples=300)
@@ -83,11 +83,11 @@ MALFORMED = {
     "stop before start": (batch_of(["transfer", "x", "a", "b", 2.0, 1.0, 1]), "stop is before"),
     "inputs not strings": (
         batch_of(["compute", "y", "w", 1, 0.0, 1.0, 8, [1, 2], -1, None, None, None, None,
-                  None]),
+                  None, None]),
         "field 'inputs'"),
     "unknown mutation kind": (
         batch_of(["compute", "y", "w", 1, 0.0, 1.0, 8, [], -1, None, None, "TELEPORT", None,
-                  None]),
+                  None, None]),
         "unknown mutation kind"),
     "binary blob": (batch_of(["delete", b"\x00" * 10, "a", 1.0]), "not valid msgpack"),
     "oversize": (b"\x90" * (MAX_BATCH_BYTES + 1), "exceeds the limit"),

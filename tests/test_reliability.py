@@ -1,0 +1,131 @@
+"""Faults and hostile input: nothing crashes, no worker is dropped, nothing recorded is lost."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import dask
+import msgpack
+from distributed.utils_test import gen_cluster, inc
+
+import crux_dask
+from crux_dask.codec import MAX_BATCH_BYTES, encode_batch
+from crux_dask.plugins import CruxWorkerPlugin
+
+
+def malformed_batches(n: int, seed: int = 0) -> list[bytes]:
+    """``n`` batches of every malformed kind: random bytes, wrong versions and types, huge."""
+    rng = random.Random(seed)
+    good = ["transfer", "k", "memory@a", "memory@b", 1.0, 2.0, 10]
+    makers = [
+        lambda: rng.randbytes(rng.randrange(0, 200)),
+        lambda: msgpack.packb({"v": rng.choice([0, 2, "1", None]), "source": "w", "seq": 1,
+                               "events": [good]}),
+        lambda: msgpack.packb({"v": 1, "source": rng.randrange(9), "seq": 1, "events": []}),
+        lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,
+                               "events": [good[:rng.randrange(1, 7)]]}),
+        lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,
+                               "events": [[*good[:4], "early", 2.0, 10]]}),
+        lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,
+                               "events": [["delete", "k", "memory@a", float("nan")]]}),
+        lambda: msgpack.packb([rng.random() for _ in range(rng.randrange(5))]),
+        lambda: encode_batch([good])[: rng.randrange(1, 20)],
+    ]
+    batches = [makers[i % len(makers)]() for i in range(n - 2)]
+    # Two over the size limit.
+    batches += [b"\x91" + b"\x00" * (MAX_BATCH_BYTES + 1)] * 2
+    return batches
+
+
+@gen_cluster(client=True, timeout=300)
+async def test_hostile_batches_are_counted_and_harm_nothing(c, s, a, b):
+    await crux_dask.attach(c)
+    await c.submit(inc, 1, key="x", workers=[a.address])
+    plugin = s.plugins["crux"]
+    before = dict(plugin.counts)
+    bad = malformed_batches(10_000)
+    valid = 0
+    send = a.scheduler.crux_events
+    for i, data in enumerate(bad):
+        reply = await send(batch=data, source=a.address)
+        assert reply["status"] == "rejected"
+        if i % 100 == 0:  # a valid batch now and then, through the same transport
+            event = ("transfer", "x", f"memory@{a.address}", f"memory@{b.address}",
+                     time.time(), time.time(), 28)
+            reply = await send(batch=encode_batch([event], a.address, i), source=a.address)
+            assert reply == {"status": "OK", "accepted": 1}
+            valid += 1
+    await crux_dask.flush(c)
+    stats = await crux_dask.get_stats(c)
+    assert stats["batches_rejected"] - before["batches_rejected"] == len(bad)
+    assert stats["events_from_workers"] - before["events_from_workers"] >= valid
+    assert stats["events_applied"] == stats["events_received"]
+    assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
+    assert set(s.workers) == {a.address, b.address}  # nobody was dropped
+    pag = await crux_dask.get_pag(c)
+    copies = pag.states[(pag.states["key"] == "x")
+                        & (pag.states["location"] == f"memory@{b.address}")]
+    assert len(copies) == valid  # every valid event landed
+    assert await c.submit(inc, 41) == 42  # and the cluster still works
+
+
+@gen_cluster(client=True)
+async def test_worker_plugin_without_scheduler_side_is_harmless(c, s, a, b):
+    await c.register_plugin(CruxWorkerPlugin(flush_interval="20ms"))
+    x = c.submit(lambda: b"x" * 1000, key="x", workers=[a.address])
+    assert await c.submit(len, x, key="y", workers=[b.address]) == 1000
+    del x
+    await c.run(lambda dask_worker: dask_worker.plugins["crux"].flush())
+    stats = await c.run(lambda dask_worker: dask_worker.plugins["crux"].stats())
+    recorded = sum(w["events_recorded"] for w in stats.values())
+    assert recorded > 0
+    assert sum(w["events_dropped"] for w in stats.values()) == recorded
+    assert set(s.workers) == {a.address, b.address}
+    assert await c.submit(inc, 1) == 2
+
+
+def test_worker_killed_mid_run_then_restart():
+    from distributed import Client, LocalCluster
+
+    def slow(x, delay=0.3):
+        time.sleep(delay)
+        return x + 1
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        parts = [dask.delayed(slow)(i, dask_key_name=f"part-{i}") for i in range(8)]
+        total = dask.delayed(sum)(parts, dask_key_name="total")
+        future = client.compute(total)
+        time.sleep(0.5)
+        victim = next(iter(cluster.workers.values()))
+        victim.process.process.kill()  # the nanny starts a new one; lost work is redone
+        assert future.result(timeout=60) == sum(range(1, 9))
+        path = crux_dask.get_wcp(client)
+        assert path.states["key"].iloc[-1] == "total"
+        stats = crux_dask.get_stats(client)
+        assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
+
+        client.restart()
+        crux_dask.attach(client)  # the new workers get the worker plugin again
+        assert client.submit(slow, 1, 0.01, key="after").result() == 2
+        pag = crux_dask.get_pag(client)
+        assert "after" in set(pag.states["key"])
+        assert crux_dask.get_stats(client)["events_failed"] == 0
+
+
+def test_many_clients_attach_once():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster:
+        clients = [Client(cluster) for _ in range(3)]
+        try:
+            for client in clients:
+                crux_dask.attach(client)
+            plugins = clients[0].run_on_scheduler(
+                lambda dask_scheduler: [n for n in dask_scheduler.plugins if n == "crux"])
+            assert plugins == ["crux"]
+        finally:
+            for client in clients:
+                client.close()

@@ -66,19 +66,6 @@ class StringTable:
             strings = np.array([*values, None], dtype=object)[codes]
         return pd.Series(strings, dtype="str")
 
-    def copy(self) -> PAGStore:
-        """An independent copy (columns and string tables)."""
-        other = PAGStore(self.run_id)
-        for name, value in vars(self).items():
-            if isinstance(value, array):
-                setattr(other, name, array(value.typecode, value))
-            elif isinstance(value, StringTable):
-                table = StringTable()
-                table.values = list(value.values)
-                table.codes = dict(value.codes)
-                setattr(other, name, table)
-        return other
-
     def nbytes(self) -> int:
         """Approximate memory held by the table, in bytes."""
         total = sys.getsizeof(self.values) + sys.getsizeof(self.codes)

@@ -7,16 +7,15 @@ from typing import Any
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 
-from crux_dask.dashboard.data import Source
+from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.wcp import CATEGORIES
 
 
-class Breakdown:
+class Breakdown(Component):
     """Seconds and share of the critical path per category."""
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
-        self.data = data
-        self._version: Any = None
+        super().__init__(data)
         self.source = ColumnDataSource({"category": list(CATEGORIES),
                                         "seconds": [0.0] * len(CATEGORIES),
                                         "share": [0.0] * len(CATEGORIES)})
@@ -28,11 +27,7 @@ class Breakdown:
         self.root.add_tools(HoverTool(renderers=[bars], tooltips=[
             ("", "@category"), ("seconds", "@seconds{0.000}"), ("share", "@share{0.0%}")]))
 
-    def update(self) -> None:
-        view = self.data()
-        if view.version == self._version:
-            return
-        self._version = view.version
+    def render(self, view: GraphView) -> None:
         path = view.wcp()
         seconds = [path.breakdown.get(c, 0.0) for c in CATEGORIES]
         total = path.length or 1.0

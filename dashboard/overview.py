@@ -11,41 +11,54 @@ import math
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
 from bokeh.plotting import figure
 
-from crux_dask.dashboard.data import Source
+from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.schema import location_class
 
 CLASSES = ["root", "client", "file", "disk", "memory"]
 _CLASS_CODE = {name: i for i, name in enumerate(CLASSES)}
+DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
 
 
-class PAGOverview:
+class PAGOverview(Component):
     """Nodes are (task prefix, location class) groups; edges count the mutations between them."""
 
     def __init__(self, data: Source, max_groups: int = 150, max_edges: int = 300,
-                 **kwargs: Any) -> None:
+                 max_details: int = 500, **kwargs: Any) -> None:
         self.data = data
         self.max_groups = max_groups
         self.max_edges = max_edges
+        self.max_details = max_details
         self._version: Any = None
         self._run_id: str | None = None
         self._reset()
         self.source = ColumnDataSource({c: [] for c in (
-            "x", "y", "label", "klass", "count", "bytes", "radius", "color")})
+            "x", "y", "group", "label", "klass", "count", "bytes", "radius", "color")})
         self.edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1", "count",
                                                        "alpha")})
-        self.root = figure(title="Program activity graph by task group and location",
-                           y_range=CLASSES, x_axis_label="first seen (s)",
-                           name="crux-overview", height=320, tools="pan,wheel_zoom,reset",
-                           **kwargs)
-        self.root.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
-                          line_color="#888888")
-        nodes = self.root.scatter("x", "y", size="radius", color="color", source=self.source,
-                                  fill_alpha=0.7, name="crux-overview-nodes")
-        self.root.add_tools(HoverTool(renderers=[nodes], tooltips=[
+        self.figure = figure(title="Program activity graph by task group and location "
+                             "(click a group for its states)",
+                             y_range=CLASSES, x_axis_label="first seen (s)",
+                             name="crux-overview", height=320,
+                             tools="pan,wheel_zoom,tap,reset", **kwargs)
+        self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
+                            line_color="#888888")
+        nodes = self.figure.scatter("x", "y", size="radius", color="color",
+                                    source=self.source, fill_alpha=0.7,
+                                    name="crux-overview-nodes")
+        self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
             ("group", "@label @klass"), ("states", "@count"), ("bytes", "@bytes{0.0 b}")]))
+        self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
+        self.table = DataTable(source=self.details, height=200, index_position=None,
+                               name="crux-overview-states",
+                               columns=[TableColumn(field=c, title=c) for c in DETAIL_COLUMNS],
+                               **kwargs)
+        self.source.selected.on_change("indices", self._drill_down)
+        self._store = None
+        self.root = column(self.figure, self.table, **kwargs)
 
     def _reset(self) -> None:
         self._states_seen = 0
@@ -56,16 +69,13 @@ class PAGOverview:
         self._first: dict[int, float] = {}
         self._edge_count: dict[tuple[int, int], int] = {}
 
-    def update(self) -> None:
-        view = self.data()
-        if view.version == self._version:
-            return
-        self._version = view.version
+    def render(self, view: GraphView) -> None:
         store = view.store
         if store.run_id != self._run_id or store.n_states < self._states_seen:
             self._run_id = store.run_id
             self._reset()
         self._fold_in(store)
+        self._store = store
         self._publish(store, view)
 
     def _fold_in(self, store) -> None:
@@ -103,6 +113,22 @@ class PAGOverview:
         klass = np.asarray(self._class_of_location)[store.column("state_location", states)]
         return label.astype("int64") * len(CLASSES) + klass
 
+    def _drill_down(self, attr: str, old: list, new: list) -> None:
+        """The individual states of the group clicked (the first ``max_details``)."""
+        self.details.data = self.states_of(self.source.data["group"][new[0]]) if new else {
+            c: [] for c in DETAIL_COLUMNS}
+
+    def states_of(self, group: int) -> dict[str, list]:
+        """Columns of the states of one group, first ``max_details`` of them."""
+        store = self._store
+        if store is None:
+            return {c: [] for c in DETAIL_COLUMNS}
+        states = np.arange(store.n_states)
+        ids = states[self._groups(store, states) == group][: self.max_details]
+        frame = store.states_frame(ids)
+        return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
+                for c in DETAIL_COLUMNS}
+
     def _publish(self, store, view) -> None:
         shown = sorted(self._count, key=self._count.__getitem__, reverse=True)
         shown = shown[: self.max_groups]
@@ -115,7 +141,7 @@ class PAGOverview:
         x = {g: self._first[g] - t0 for g in shown}
         y = {g: CLASSES[g % len(CLASSES)] for g in shown}
         self.source.data = {
-            "x": [x[g] for g in shown], "y": [y[g] for g in shown],
+            "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
             "label": [labels[g // len(CLASSES)] for g in shown],
             "klass": [y[g] for g in shown],
             "count": [self._count[g] for g in shown],

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import html
 import logging
 from typing import Any
 
 from bokeh.layouts import column, row
+from bokeh.models import Div, Select, TextInput
 from bokeh.server.server import BokehTornado
 from distributed.dashboard.components import add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
@@ -15,10 +17,12 @@ from distributed.dashboard.scheduler import template_variables
 from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
-from crux_dask.dashboard.data import Source, live_source
+from crux_dask.dashboard.data import PathSelection, Source, live_source, selected_source
+from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
+from crux_dask.wcp import METHODS, critical_path
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +38,57 @@ UPDATE_INTERVAL = 500  # milliseconds
 
 def crux_doc(data: Source, scheduler: Any, extra: dict, doc: Any) -> None:
     """The ``/crux`` page: all components, in the dashboard's template."""
-    timeline = WCPTimeline(data, sizing_mode="stretch_width")
-    breakdown = Breakdown(data, width=420)
-    steps = StepsTable(data, sizing_mode="stretch_width")
-    overview = PAGOverview(data, sizing_mode="stretch_width")
-    for component in (timeline, breakdown, steps, overview):
-        component.update()
+    selection = PathSelection()
+    selected = selected_source(data, selection)
+    components, layout = crux_layout(selected)
+    for component in components:
         add_periodic_callback(doc, component, UPDATE_INTERVAL)
     doc.title = "Dask: Crux"
-    doc.add_root(column(row(breakdown.root, steps.root, sizing_mode="stretch_width"),
-                        timeline.root, overview.root, sizing_mode="stretch_width"))
+    doc.add_root(column(path_controls(selected, selection, components), layout,
+                        sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
+
+
+def path_controls(data: Source, selection: PathSelection, components: list) -> Any:
+    """Start state, end state and method of the critical path shown, with error messages."""
+    start = TextInput(title="from state id (empty: the graph's root)", width=220,
+                      name="crux-start")
+    end = TextInput(title="to state id (empty: the workflow's end)", width=220,
+                    name="crux-end")
+    method = Select(title="method", options=list(METHODS), value="observed", width=140,
+                    name="crux-method")
+    message = Div(text="", name="crux-message")
+
+    def changed(attr: str, old: Any, new: Any) -> None:
+        try:
+            chosen = PathSelection(_state_id(start.value, "from"), _state_id(end.value, "to"),
+                                   method.value)
+            view = data()
+            critical_path(view.store, chosen.start, chosen.end, chosen.method,
+                          default_end=view.end)
+        except ValueError as error:
+            message.text = f"<b>{html.escape(str(error))}</b>"
+            return
+        message.text = ""
+        selection.start, selection.end, selection.method = (
+            chosen.start, chosen.end, chosen.method)
+        for component in components:
+            component.update()
+
+    for widget in (start, end, method):
+        widget.on_change("value", changed)
+    return row(start, end, method, message)
+
+
+def _state_id(text: str, name: str) -> int | None:
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"'{name}' must be a state id, got {text!r}")
+    return int(text)
 
 
 def individual_doc(cls: type, data: Source, scheduler: Any, extra: dict, doc: Any) -> None:

@@ -12,24 +12,12 @@ __all__ = ["crux_report", "report_html"]
 def report_html(pag: Any, title: str = "Crux report") -> str:
     """A self-contained HTML page (Bokeh inlined) with the Crux components of ``pag``."""
     from bokeh.embed import file_html
-    from bokeh.layouts import column, row
     from bokeh.resources import INLINE
 
-    from crux_dask.dashboard.breakdown import Breakdown
     from crux_dask.dashboard.data import static_source
-    from crux_dask.dashboard.overview import PAGOverview
-    from crux_dask.dashboard.steps import StepsTable
-    from crux_dask.dashboard.timeline import WCPTimeline
+    from crux_dask.dashboard.layout import crux_layout
 
-    data = static_source(pag)
-    timeline = WCPTimeline(data, sizing_mode="stretch_width")
-    breakdown = Breakdown(data, width=420)
-    steps = StepsTable(data, sizing_mode="stretch_width")
-    overview = PAGOverview(data, sizing_mode="stretch_width")
-    for component in (timeline, breakdown, steps, overview):
-        component.update()
-    layout = column(row(breakdown.root, steps.root, sizing_mode="stretch_width"),
-                    timeline.root, overview.root, sizing_mode="stretch_width")
+    _, layout = crux_layout(static_source(pag))
     return file_html(layout, INLINE, title)
 
 

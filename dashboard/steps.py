@@ -6,17 +6,16 @@ from typing import Any
 
 from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
 
-from crux_dask.dashboard.data import Source
+from crux_dask.dashboard.data import Component, GraphView, Source
 
 COLUMNS = ("step", "kind", "key", "source", "destination", "busy", "wait")
 
 
-class StepsTable:
+class StepsTable(Component):
     """One row per step of the observed critical path."""
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
-        self.data = data
-        self._version: Any = None
+        super().__init__(data)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         seconds = NumberFormatter(format="0.000")
         self.root = DataTable(source=self.source, name="crux-steps", index_position=None,
@@ -30,10 +29,6 @@ class StepsTable:
             TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
         ], **kwargs)
 
-    def update(self) -> None:
-        view = self.data()
-        if view.version == self._version:
-            return
-        self._version = view.version
+    def render(self, view: GraphView) -> None:
         steps = view.wcp().to_frame()
         self.source.data = {c: steps[c].tolist() for c in COLUMNS}

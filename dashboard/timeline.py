@@ -9,7 +9,7 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
-from crux_dask.dashboard.data import Source
+from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.schema import MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in MutationKind], Category10[6]))
@@ -17,12 +17,11 @@ COLUMNS = ("lane", "left", "right", "wait_left", "kind", "color", "key", "label"
            "source", "destination", "busy", "wait", "start", "stop")
 
 
-class WCPTimeline:
+class WCPTimeline(Component):
     """The critical path's steps as bars: the busy part solid, the waiting before it a line."""
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
-        self.data = data
-        self._version: Any = None
+        super().__init__(data)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         self.root = figure(title="Workflow critical path", y_range=FactorRange(),
                            x_axis_label="seconds since the path's start", name="crux-timeline",
@@ -41,11 +40,7 @@ class WCPTimeline:
             ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
 
-    def update(self) -> None:
-        view = self.data()
-        if view.version == self._version:
-            return
-        self._version = view.version
+    def render(self, view: GraphView) -> None:
         path = view.wcp()
         steps = path.to_frame()
         t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0

@@ -78,10 +78,39 @@ async def test_components_show_the_critical_path(c, s, a, b):
                                              overview.source.data["color"])
                if color == "#d62728"]
     assert "left" in on_path and "right" not in on_path
+    # Drill down: a group's individual states.
+    group = overview.source.data["group"][overview.source.data["label"].index("left")]
+    states = overview.states_of(group)
+    assert set(states["key"]) == {"left"}  # computed, then released (its tombstone)
 
     before = timeline.source.data
     timeline.update()  # nothing changed: no new column dict is sent
     assert timeline.source.data is before
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
+async def test_path_selection_between_two_states(c, s, a, b):
+    from crux_dask.dashboard.data import PathSelection, selected_source
+    from crux_dask.dashboard.pages import path_controls
+
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    pag = await crux_dask.get_pag(c)
+    computed = pag.states[pag.states["thread"].notna()]
+    ids = dict(zip(computed["key"], computed["state_id"]))
+    selection = PathSelection()
+    data = selected_source(live_source(s.plugins["crux"]), selection)
+    steps = StepsTable(data)
+    controls = path_controls(data, selection, [steps])
+    start, end, method, message = controls.children
+    start.value = str(ids["top"])
+    end.value = str(ids["right"])
+    assert steps.source.data["key"] == ["right"] and message.text == ""
+    method.value = "longest"
+    assert selection.method == "longest"
+    end.value = "not a number"
+    assert "must be a state id" in message.text
+    assert selection.end == ids["right"]  # a bad entry leaves the page as it was
 
 
 def test_overview_stays_within_its_glyph_budget():

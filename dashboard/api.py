@@ -62,6 +62,14 @@ class CruxHandler(web.RequestHandler):
             raise BadParameter(name, f"{name} must be at least {minimum}, got {raw!r}")
         return value
 
+    def page(self) -> tuple[int, int]:
+        """The ``offset`` and ``limit`` of a listing."""
+        offset = self.number("offset", int, 0, minimum=0)
+        limit = self.number("limit", int, 1000, minimum=1)
+        if limit > MAX_LIMIT:
+            raise BadParameter("limit", f"limit must be at most {MAX_LIMIT}, got {limit}")
+        return offset, limit
+
     def state(self, name: str) -> int | None:
         value = self.number(name, int)
         if value is not None and not 0 <= value < self.store.n_states:
@@ -153,10 +161,7 @@ class StatesHandler(CruxHandler):
 
     def _states(self) -> dict:
         store = self.store
-        offset = self.number("offset", int, 0, minimum=0)
-        limit = self.number("limit", int, 1000, minimum=1)
-        if limit > MAX_LIMIT:
-            raise BadParameter("limit", f"limit must be at most {MAX_LIMIT}, got {limit}")
+        offset, limit = self.page()
         start = self.number("start_time")
         end = self.number("end_time")
         mask = np.ones(store.n_states, dtype=bool)
@@ -199,10 +204,7 @@ class MutationsHandler(CruxHandler):
 
     def _mutations(self) -> dict:
         store = self.store
-        offset = self.number("offset", int, 0, minimum=0)
-        limit = self.number("limit", int, 1000, minimum=1)
-        if limit > MAX_LIMIT:
-            raise BadParameter("limit", f"limit must be at most {MAX_LIMIT}, got {limit}")
+        offset, limit = self.page()
         ids = np.arange(store.n_mutations)
         kind = self.get_argument("kind", None)
         if kind is not None:

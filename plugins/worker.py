@@ -151,23 +151,21 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._spill_hooks = [(to_slow, self._spilled), (to_fast, self._unspilled)]
 
     def _spilled(self, key: Any, value: Any) -> None:
-        # zict undoes a spill whose callback raises: this one must never raise.
-        try:
-            now = self._now()
-            name = key_string(key)
-            self._on_disk.add(key)
-            self._record(("transfer", name, self.memory, self.disk, now, now, self._nbytes(key)))
-            self._record(("delete", name, self.memory, now))
-        except Exception as error:
-            self._hook_failed(error)
+        self._on_disk.add(key)
+        self._moved(key, self.memory, self.disk)
 
     def _unspilled(self, key: Any, value: Any) -> None:
+        self._on_disk.discard(key)
+        self._moved(key, self.disk, self.memory)
+
+    def _moved(self, key: Any, source: str, destination: str) -> None:
+        """Data moved between memory and disk: a transfer, and the source copy is gone."""
+        # zict undoes a spill whose callback raises: this must never raise.
         try:
             now = self._now()
             name = key_string(key)
-            self._on_disk.discard(key)
-            self._record(("transfer", name, self.disk, self.memory, now, now, self._nbytes(key)))
-            self._record(("delete", name, self.disk, now))
+            self._record(("transfer", name, source, destination, now, now, self._nbytes(key)))
+            self._record(("delete", name, source, now))
         except Exception as error:
             self._hook_failed(error)
 

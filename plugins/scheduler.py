@@ -125,11 +125,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
-        if self.record_transitions:
-            self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
-        if start != "processing" or finish not in ("memory", "erred"):
-            return
         try:
+            if self.record_transitions:
+                self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
+            if start != "processing" or finish not in ("memory", "erred"):
+                if finish == "forgotten":  # never ran, or ran already: its root is not needed
+                    self.graph_roots.pop(key, None)
+                return
             ts = self.scheduler.tasks.get(key)
             if ts is None:
                 return

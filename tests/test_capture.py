@@ -174,6 +174,7 @@ async def test_cancelled_future_leaves_no_computation(c, s, a, b):
     pag = await crux_dask.get_pag(c)
     keys = set(pag.states["key"])
     assert "follower" not in keys and "ok" in keys
+    assert not s.plugins["crux"].graph_roots  # nothing kept for tasks that never ran
     stats = await crux_dask.get_stats(c)
     assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
 

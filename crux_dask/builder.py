@@ -247,6 +247,41 @@ class PAGBuilder:
             self._release_ready()
         return dst
 
+    def live_states(self) -> list[int]:
+        """Ids of the states whose data is still held somewhere (every copy)."""
+        states = list(self._live.values())
+        for copies in self._copies.values():
+            states.extend(copies.values())
+        return states
+
+    def continue_from(self, previous: PAGBuilder, time: float) -> int:
+        """Start where ``previous`` stops: its live data reappears here, from a root.
+
+        Used when a graph is spooled to disk and recording goes on in a new
+        segment: later events about data made before still find a state.
+        Waiting events move over too.  Returns how many states carried over.
+        """
+        old = previous.store
+        root = self._root(("root", time, "continued"))
+        keys = old.column("state_key")
+        carried = 0
+        for sid in sorted(previous.live_states()):
+            name = old.keys.values[keys[sid]]
+            code = self.store.key_code(name, old.labels.values[old.key_label[keys[sid]]],
+                                       old.labels.values[old.key_origin[keys[sid]]])
+            location = self._location(old.locations.values[old.state_location[sid]])
+            moment = old.state_time[sid]
+            new = self._new_state(code, location, self._location_workers[location],
+                                  NO_THREAD, old.state_size[sid], moment, moment,
+                                  len(self.store.mutation_src))
+            self._mutation(root, new, _APPEND, 0.0)
+            carried += 1
+        for (name, location), events in previous._parked.items():
+            slot = (name, self._location(old.locations.values[location]))
+            self._parked.setdefault(slot, []).extend(events)
+            self._parked_at.setdefault(slot, previous._parked_at.get((name, location), 0.0))
+        return carried
+
     def resolve_parked(self, older_than: float | None = None) -> int:
         """Apply waiting events with the best input available; return how many.
 

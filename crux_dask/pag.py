@@ -23,12 +23,13 @@ class PAG:
         One store per run, oldest first.
     ends : list of int, optional
         The end state of each run (its latest state that is not a tombstone);
-        found from the data when not given.
+        found from the data when not given, or where an entry is ``None``.
     """
 
-    def __init__(self, stores: list[PAGStore], ends: list[int] | None = None) -> None:
+    def __init__(self, stores: list[PAGStore], ends: list[int | None] | None = None) -> None:
         self.stores = list(stores)
-        self.ends = list(ends) if ends is not None else [_end_state(s) for s in stores]
+        ends = list(ends) if ends is not None else [None] * len(self.stores)
+        self.ends = [_end_state(s) if e is None else e for s, e in zip(self.stores, ends)]
 
     # -- construction -------------------------------------------------------
     @classmethod

@@ -108,7 +108,7 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    store, end, transitions, stats = await client.run_on_scheduler(_export_on_scheduler)
+    stores, end, transitions, stats = await client.run_on_scheduler(_export_on_scheduler)
     info = await client.scheduler.identity()
     workers = info.get("workers", {})
     metadata = {
@@ -123,7 +123,7 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
         "config": dask.config.get("crux-dask", default={}),
         "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))},
     }
-    pag = PAG([store], [end])
+    pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions)
 
@@ -155,10 +155,12 @@ def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
     return critical_path(builder.store, start, end, method, default_end=builder.end)
 
 
-def _export_on_scheduler(dask_scheduler: Any) -> tuple:
+async def _export_on_scheduler(dask_scheduler: Any) -> tuple:
     plugin = _plugin(dask_scheduler)
+    loop = asyncio.get_running_loop()
+    spooled = await loop.run_in_executor(None, plugin.spooled_stores)
     store, end = plugin.snapshot()
-    return store, end, plugin.transitions_frame(), plugin.stats()
+    return [*spooled, store], end, plugin.transitions_frame(), plugin.stats()
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

@@ -73,6 +73,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             raise ValueError("crux-dask.http.token must be a string of at least 8 characters")
         self.http_token: str | None = token
         self.http_max_body = config.positive_int("http.max-body-bytes")
+        max_states = config.get("max-states")
+        if max_states is not None and (isinstance(max_states, bool)
+                                       or not isinstance(max_states, int) or max_states < 100):
+            raise ValueError("crux-dask.max-states must be null or an integer of at least 100, "
+                             f"got {max_states!r}")
+        self.max_states: int | None = max_states
+        self.spool_dir: str | None = config.get("spool-dir")
         self.record_transitions = bool(config.get("capture.transitions"))
         self.scheduler: Scheduler | None = None
         self.builder: PAGBuilder | None = None
@@ -97,6 +104,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             logger.info("Crux attached to a running scheduler with %d tasks: it records "
                         "what happens from now on", self.tasks_at_attach)
         self.builder.root(self.attached_at, "attach")
+        self.spooled: list[tuple[str, Any]] = []  # (run id, future of its write)
+        self.spooled_states = 0
+        self._spooler = None
         scheduler.handlers[EVENTS_HANDLER] = self.receive_events
         from crux_dask.dashboard import install
 
@@ -106,6 +116,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self._callback.start()
 
     async def close(self) -> None:
+        if getattr(self, "_spooler", None) is not None:
+            self._spooler.shutdown(wait=True)
         callback = getattr(self, "_callback", None)
         if callback is not None:
             callback.stop()
@@ -194,9 +206,50 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 failed += 1
                 self.last_error = f"{type(error).__name__}: {error}"
         builder.resolve_parked(None if final else now - self.park_timeout)
+        # Spool only when it frees room: data workers still hold stays referenced.
+        if (self.max_states is not None and builder.store.n_states > self.max_states
+                and builder.store.n_states - len(builder.live_states()) > self.max_states // 2):
+            self._spool()
         self.counts["events_applied"] += applied
         self.counts["events_failed"] += failed
         self.seconds["apply"] += time.perf_counter() - started
+
+    def _spool(self) -> None:
+        """Write the graph so far to the spool directory and go on in a new segment.
+
+        The write runs in a thread, off the event loop; the data still held by
+        workers carries over to the new segment, so later events find it.
+        """
+        import concurrent.futures
+        import tempfile
+
+        from crux_dask.pag import PAG
+        from crux_dask.provenance import write_dataset
+
+        old = self.builder
+        if self.spool_dir is None:
+            self.spool_dir = tempfile.mkdtemp(prefix="crux-spool-")
+        if self._spooler is None:
+            self._spooler = concurrent.futures.ThreadPoolExecutor(1, "crux-spool")
+        pag = PAG([old.store], [old.end])
+        self.spooled.append((old.run_id, self._spooler.submit(write_dataset, self.spool_dir,
+                                                                pag)))
+        self.spooled_states += old.store.n_states
+        new = PAGBuilder()
+        new.continue_from(old, time.time())
+        self.builder = new
+        logger.info("Crux spooled %d states to %s; the live graph now holds only what "
+                    "came after", old.store.n_states, self.spool_dir)
+
+    def spooled_stores(self) -> list[PAGStore]:
+        """The segments written to the spool, read back (waits for pending writes)."""
+        from crux_dask.provenance import read_dataset
+
+        stores = []
+        for run_id, write in self.spooled:
+            write.result()
+            stores += read_dataset(self.spool_dir, run_id).stores
+        return stores
 
     def _apply_safely(self) -> None:
         try:
@@ -254,6 +307,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,
             "states": builder.store.n_states,
+            "states_spooled": self.spooled_states,
+            "segments_spooled": len(self.spooled),
+            "spool_dir": self.spool_dir,
             "mutations": builder.store.n_mutations,
             "memory_bytes": builder.store.nbytes(),
             "erred_tasks": len(self.erred),

@@ -74,6 +74,8 @@ class PAGBuilder:
         Events that had to wait for an input.
     n_fallbacks : int
         Inputs that never arrived and were replaced by the best state known.
+    n_lost : int
+        Copies released because the worker holding them was lost.
     """
 
     def __init__(self, run_id: str | None = None, max_released: int = 50_000) -> None:
@@ -83,6 +85,7 @@ class PAGBuilder:
         self.n_applied = 0
         self.n_parked_total = 0
         self.n_fallbacks = 0
+        self.n_lost = 0
         # Where data lives now: key -> its newest live state, and for data held
         # in several places, key -> {location: state} of the other copies.
         self._live: dict[str, int] = {}
@@ -246,6 +249,19 @@ class PAGBuilder:
         if self._ready:
             self._release_ready()
         return dst
+
+    def lose(self, worker: str, time: float) -> int:
+        """A worker is gone with its data: release every copy it held; return how many."""
+        store = self.store
+        where = store.state_location
+        places = {code for name in (memory_location(worker), f"disk@{worker}")
+                  if (code := store.locations.codes.get(name)) is not None}
+        lost = [(store.keys.values[store.state_key[sid]], store.locations.values[where[sid]])
+                for sid in self.live_states() if where[sid] in places]
+        for key, location in lost:
+            self._delete(("delete", key, location, time))
+        self.n_lost += len(lost)
+        return len(lost)
 
     def live_states(self) -> list[int]:
         """Ids of the states whose data is still held somewhere (every copy)."""

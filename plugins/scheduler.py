@@ -106,6 +106,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.builder.root(self.attached_at, "attach")
         self.spooled: list[tuple[str, Any]] = []  # (run id, future of its write)
         self.spooled_states = 0
+        self.lost_before = 0
         self._spooler = None
         scheduler.handlers[EVENTS_HANDLER] = self.receive_events
         from crux_dask.dashboard import install
@@ -134,6 +135,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 roots[key] = root
         except Exception as error:
             self._hook_failed("update_graph", error)
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
+        try:
+            self.pending.append(("lost", worker, time.time()))
+            self.counts["events_received"] += 1
+        except Exception as error:
+            self._hook_failed("remove_worker", error)
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
@@ -200,7 +208,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         while pending:
             item = pending.popleft()
             try:
-                builder.apply(self._compute_event(item) if item[0] is _TASK else item, now)
+                if item[0] is _TASK:
+                    builder.apply(self._compute_event(item), now)
+                elif item[0] == "lost":  # a worker left: what it held is gone
+                    builder.lose(item[1], item[2])
+                else:
+                    builder.apply(item, now)
                 applied += 1
             except Exception as error:  # one bad event never stops the others
                 failed += 1
@@ -235,6 +248,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.spooled.append((old.run_id, self._spooler.submit(write_dataset, self.spool_dir,
                                                                 pag)))
         self.spooled_states += old.store.n_states
+        self.lost_before += old.n_lost
         new = PAGBuilder()
         new.continue_from(old, time.time())
         self.builder = new
@@ -306,6 +320,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,
+            "states_lost": builder.n_lost + self.lost_before,
             "states": builder.store.n_states,
             "states_spooled": self.spooled_states,
             "segments_spooled": len(self.spooled),

@@ -219,3 +219,18 @@ def test_forced_resolution_follows_event_time_so_chains_resolve():
     path = b.pag().wcp()
     assert path.states["key"].tolist()[-3:] == ["x", "x", "y"]
     assert path.mutations["kind"].tolist()[-2:] == ["TRANSFER", "CONVERT"]
+
+
+def test_a_lost_worker_releases_everything_it_held():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 8, ())
+    b.compute("y", A, 1, 0, 1, 8, ())
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 1.0, 1.1)
+    assert b.lose(A, 5.0) == 2
+    _, mutations = rows(b)
+    gone = mutations[mutations["kind"] == "DELETE"]
+    assert sorted(gone["key"]) == ["x", "y"] and set(gone["worker"]) == {A}
+    # The copy on B is still there for its consumers.
+    z = b.compute("z", B, 2, 2, 3, 8, ("x",))
+    assert z is not None and b.n_parked == 0

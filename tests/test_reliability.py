@@ -107,12 +107,19 @@ def test_worker_killed_mid_run_then_restart():
         future = client.compute(total)
         time.sleep(0.5)
         victim = next(iter(cluster.workers.values()))
+        address = victim.worker_address
+        held = client.run(lambda dask_worker: len(dask_worker.data), workers=[address])
         os.kill(victim.process.process.pid, signal.SIGKILL)  # lost work is redone
         assert future.result(timeout=60) == sum(range(1, 9))
         path = crux_dask.get_wcp(client)
         assert path.states["key"].iloc[-1] == "total"
         stats = crux_dask.get_stats(client)
         assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
+        if held[address]:  # what the dead worker held is marked gone
+            pag = crux_dask.get_pag(client)
+            gone = pag.mutations[(pag.mutations["kind"] == "DELETE")
+                                 & (pag.mutations["worker"] == address)]
+            assert stats["states_lost"] >= 1 and len(gone) >= stats["states_lost"]
 
         client.restart()
         crux_dask.attach(client)  # the new workers get the worker plugin again

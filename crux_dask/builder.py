@@ -263,6 +263,11 @@ class PAGBuilder:
         self.n_lost += len(lost)
         return len(lost)
 
+    @property
+    def n_live(self) -> int:
+        """How many copies of data are held somewhere now."""
+        return len(self._live) + sum(len(c) for c in self._copies.values())
+
     def live_states(self) -> list[int]:
         """Ids of the states whose data is still held somewhere (every copy)."""
         states = list(self._live.values())

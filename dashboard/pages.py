@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import html
-import logging
 from typing import Any
 
 from bokeh.layouts import column, row
@@ -23,8 +22,6 @@ from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
 from crux_dask.wcp import METHODS, critical_path
-
-logger = logging.getLogger(__name__)
 
 #: Individual pages: route -> component class.
 INDIVIDUAL = {

@@ -221,7 +221,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         builder.resolve_parked(None if final else now - self.park_timeout)
         # Spool only when it frees room: data workers still hold stays referenced.
         if (self.max_states is not None and builder.store.n_states > self.max_states
-                and builder.store.n_states - len(builder.live_states()) > self.max_states // 2):
+                and builder.store.n_states - builder.n_live > self.max_states // 2):
             self._spool()
         self.counts["events_applied"] += applied
         self.counts["events_failed"] += failed

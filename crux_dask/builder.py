@@ -26,9 +26,13 @@ from __future__ import annotations
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import index
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from crux_dask.bulk import apply_window
 from crux_dask.codec import decode_batch
 from crux_dask.schema import CLIENT, EVENT_KINDS, ROOT, MutationKind, memory_location
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
@@ -50,6 +54,9 @@ _LOCATION_BITS = 24
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 _AWAITED = ("memory@", "disk@")
 _HEX = re.compile(r"[a-f0-9]+")
+#: Sizes of the windows of events :meth:`PAGBuilder.apply_many` applies at once.
+_WINDOW_MIN = 64
+_WINDOW_MAX = 16_384
 
 class PAGBuilder:
     """Build a :class:`~crux_dask.store.PAGStore` from events.
@@ -92,7 +99,9 @@ class PAGBuilder:
         self._copies: dict[str, dict[int, int]] = {}
         # (key, location) -> the state released there last: workers report on
         # their own schedule, so a fetch from a copy may arrive after its release.
+        # Indexed from the DELETE mutations only when a lookup needs it.
         self._released: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._released_upto = 0
         self.max_released = max_released
         # source state -> (task group code, its first single-input mutation, -1 once split)
         self._fanout: dict[int, tuple[int, int]] = {}
@@ -155,11 +164,55 @@ class PAGBuilder:
             raise ValueError(f"unknown event kind {event[0]!r}") from None
         return handler(event, now)
 
-    def apply_many(self, events: Iterable[Sequence[Any]], now: float = 0.0) -> None:
-        """Apply events in order."""
+    def apply_many(self, events: Iterable[Sequence[Any]], now: float = 0.0,
+                   on_error: Callable[[Sequence[Any], Exception], None] | None = None) -> None:
+        """Apply events in order, as :meth:`apply` one by one would.
+
+        Runs of routine events (see :mod:`crux_dask.bulk`) are applied a
+        window at a time with array operations; the others one by one.
+
+        Parameters
+        ----------
+        events : iterable of tuple
+        now : float
+            As for :meth:`apply`.
+        on_error : callable, optional
+            Called with ``(event, exception)`` for an event that cannot be
+            applied, and the others go on; without it the exception is raised
+            (the events before it stay applied).
+        """
+        events = events if isinstance(events, list) else list(events)
         dispatch = self._dispatch
-        for event in events:
-            dispatch[event[0]](event, now)
+        position, n = 0, len(events)
+        size = _WINDOW_MIN
+        while position < n:
+            if n - position >= _WINDOW_MIN:
+                window = events[position:position + size]
+                try:
+                    done = apply_window(self, window)
+                except Exception:  # a malformed event: the scalar path names it
+                    done = 0
+                position += done
+                if done == len(window):
+                    size = min(2 * size, _WINDOW_MAX)
+                    continue
+                # Planning costs the whole window: size the next one by what was taken.
+                size = max(_WINDOW_MIN, min(2 * done, _WINDOW_MAX))
+            # One event the window could not take (or too few left for a window).
+            stop = position + 1 if n - position >= _WINDOW_MIN else n
+            for event in events[position:stop]:
+                try:
+                    handler = dispatch[event[0]]
+                except (KeyError, TypeError, IndexError):
+                    handler = self.apply
+                if on_error is None:
+                    handler(event, now)
+                    continue
+                try:
+                    handler(event, now)
+                except Exception as error:
+                    on_error(event, error)
+            position = stop
 
     def apply_batch(self, data: bytes, now: float = 0.0) -> int:
         """Decode an encoded batch and apply its events; return how many.
@@ -269,11 +322,11 @@ class PAGBuilder:
         return len(self._live) + sum(len(c) for c in self._copies.values())
 
     def live_states(self) -> list[int]:
-        """Ids of the states whose data is still held somewhere (every copy)."""
+        """Ids of the states whose data is still held somewhere (every copy), ascending."""
         states = list(self._live.values())
         for copies in self._copies.values():
             states.extend(copies.values())
-        return states
+        return sorted(states)
 
     def continue_from(self, previous: PAGBuilder, time: float) -> int:
         """Start where ``previous`` stops: its live data reappears here, from a root.
@@ -286,7 +339,7 @@ class PAGBuilder:
         root = self._root(("root", time, "continued"))
         keys = old.column("state_key")
         carried = 0
-        for sid in sorted(previous.live_states()):
+        for sid in previous.live_states():
             name = old.keys.values[keys[sid]]
             code = self.store.key_code(name, old.labels.values[old.key_label[keys[sid]]],
                                        old.labels.values[old.key_origin[keys[sid]]])
@@ -341,6 +394,7 @@ class PAGBuilder:
     # -- event handlers -------------------------------------------------------
     def _root(self, event: tuple, now: float = 0.0) -> int:
         time = event[1]
+        time - 0.0
         sid = self._new_state(self._root_key, self._root_location, NO_CODE, NO_THREAD, 0,
                               time, time, -1)
         self._roots.add(sid)
@@ -352,6 +406,12 @@ class PAGBuilder:
     def _compute(self, event: tuple, now: float = 0.0) -> int | None:
         (_, key, worker, thread, start, stop, nbytes, inputs, root, label, group, kind,
          location, origin, reads) = event
+        # Refuse a malformed event before anything changes.
+        busy = stop - start
+        index(nbytes)
+        if thread is not None:
+            index(thread)
+        edge_kind = None if kind is None else int(MutationKind.parse(kind))
         memory = self._memory_codes.get(worker)
         if memory is None:
             memory = self._memory_location(worker)
@@ -393,15 +453,14 @@ class PAGBuilder:
                 key, label_code, label_code if origin is None else labels.code(origin))
         else:
             key_code = store.state_key[previous]
-        if kind is not None:
-            edge_kind = int(MutationKind.parse(kind))
-        elif not sources:
-            edge_kind = _APPEND
-        elif len(sources) == 1:
-            edge_kind = self._convert_or_split(
-                sources[0], label_code if group is None else labels.code(group))
-        else:
-            edge_kind = _MERGE
+        if edge_kind is None:
+            if not sources:
+                edge_kind = _APPEND
+            elif len(sources) == 1:
+                edge_kind = self._convert_or_split(
+                    sources[0], label_code if group is None else labels.code(group))
+            else:
+                edge_kind = _MERGE
         if not sources:
             if root not in self._roots:
                 root = self._run_root if self._run_root >= 0 else self._root(("root", start))
@@ -433,7 +492,6 @@ class PAGBuilder:
         if stop >= self._end_time:
             self.end, self._end_time = dst, stop
         add_src, add_dst, add_kind, add_busy = self._add_mutation
-        busy = stop - start
         for src in sources:
             add_src(src)
             add_dst(dst)
@@ -446,6 +504,9 @@ class PAGBuilder:
 
     def _transfer(self, event: tuple, now: float = 0.0) -> int | None:
         _, key, source, destination, start, stop, nbytes = event
+        stop - start
+        if nbytes is not None:
+            index(nbytes)
         store = self.store
         src_loc = self._location(source)
         src = self._live.get(key)
@@ -471,31 +532,13 @@ class PAGBuilder:
 
     def _delete(self, event: tuple, now: float = 0.0) -> int | None:
         _, key, location, time = event
+        time - 0.0
         store = self.store
-        src = self._live.get(key)
         loc = store.locations.codes.get(location)
-        if src is None or loc is None:
+        src = None if loc is None else self._drop_held(key, loc)
+        if src is None:
             return None
-        if store.state_location[src] == loc:
-            copies = self._copies.get(key)
-            if copies:  # the newest other copy takes over
-                self._live[key] = copies.popitem()[1]
-                if not copies:
-                    del self._copies[key]
-            else:
-                del self._live[key]
-        else:
-            copies = self._copies.get(key)
-            src = copies.pop(loc, None) if copies else None
-            if src is None:
-                return None
-            if not copies:
-                del self._copies[key]
         self._fanout.pop(src, None)
-        released = self._released
-        released[(key, loc)] = src
-        if len(released) > self.max_released:
-            released.popitem(last=False)
         dst = len(store.state_time)
         add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
             add_thread, add_pred = self._add_state
@@ -569,9 +612,55 @@ class PAGBuilder:
         if self._parked and (key, location) in self._parked:
             self._ready.append((key, location))
 
+    def _drop_held(self, key: str, location: int) -> int | None:
+        """``key`` is no longer held at ``location``: return the state that held it there."""
+        src = self._live.get(key)
+        if src is None:
+            return None
+        copies = self._copies.get(key)
+        if self.store.state_location[src] == location:
+            if copies:  # the newest other copy takes over
+                self._live[key] = copies.popitem()[1]
+                if not copies:
+                    del self._copies[key]
+            else:
+                del self._live[key]
+            return src
+        src = copies.pop(location, None) if copies else None
+        if src is not None and not copies:
+            del self._copies[key]
+        return src
+
     def _copy_at(self, key: str, location: int) -> int | None:
         copies = self._copies.get(key)
         return copies.get(location) if copies else None
+
+    def _released_copy(self, key: str, location: int) -> int | None:
+        """The state of ``key`` released last at ``location``, among recent releases."""
+        store = self.store
+        start, stop = self._released_upto, len(store.mutation_kind)
+        if start < stop:
+            self._released_upto = stop
+            mutations = start + np.flatnonzero(
+                store.column("mutation_kind", np.arange(start, stop)) == _DELETE)
+            mutations = mutations[-self.max_released:]
+            src = store.column("mutation_src", mutations)
+            dst = store.column("mutation_dst", mutations)
+            location_of = store.column("state_location", dst)
+            key_of = store.column("state_key", dst)
+            # Only releases: a tombstone of the same key at the same place.
+            release = ((store.column("state_location", src) == location_of)
+                       & (store.column("state_key", src) == key_of))
+            released = self._released
+            names = store.keys.values
+            for sid, code, where in zip(src[release].tolist(), key_of[release].tolist(),
+                                        location_of[release].tolist()):
+                slot = (names[code], where)
+                released.pop(slot, None)  # the latest release is remembered longest
+                released[slot] = sid
+            for _ in range(len(released) - self.max_released):
+                released.popitem(last=False)
+        return self._released.get((key, location))
 
     def _release_ready(self) -> None:
         """Apply the waiting events whose missing state has just appeared."""
@@ -599,7 +688,7 @@ class PAGBuilder:
 
         Returns the state to use, or ``None`` if the event now waits for it.
         """
-        released = self._released.get((key, location))
+        released = self._released_copy(key, location)
         if released is not None:
             return released
         store = self.store

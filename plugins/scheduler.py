@@ -204,20 +204,33 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         builder = self.builder
         pending = self.pending
         now = time.monotonic()
-        applied = failed = 0
+        failed = 0
+        events: list[tuple] = []
+
+        def refuse(event: Any, error: Exception) -> None:  # one bad event never stops others
+            nonlocal failed
+            failed += 1
+            self.last_error = f"{type(error).__name__}: {error}"
+
+        received = len(pending)
         while pending:
             item = pending.popleft()
-            try:
-                if item[0] is _TASK:
-                    builder.apply(self._compute_event(item), now)
-                elif item[0] == "lost":  # a worker left: what it held is gone
+            if item[0] is _TASK:
+                try:
+                    events.append(self._compute_event(item))
+                except Exception as error:
+                    refuse(item, error)
+            elif item[0] == "lost":  # a worker left: what it held is gone
+                builder.apply_many(events, now, on_error=refuse)
+                events = []
+                try:
                     builder.lose(item[1], item[2])
-                else:
-                    builder.apply(item, now)
-                applied += 1
-            except Exception as error:  # one bad event never stops the others
-                failed += 1
-                self.last_error = f"{type(error).__name__}: {error}"
+                except Exception as error:
+                    refuse(item, error)
+            else:
+                events.append(item)
+        builder.apply_many(events, now, on_error=refuse)
+        applied = received - failed
         builder.resolve_parked(None if final else now - self.park_timeout)
         # Spool only when it frees room: data workers still hold stays referenced.
         if (self.max_states is not None and builder.store.n_states > self.max_states

@@ -568,4 +568,5 @@ def _first_max(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
 
 
 def _extend(column, values: np.ndarray) -> None:
-    column.frombytes(np.ascontiguousarray(values, dtype=column.typecode).tobytes())
+    """Append ``values`` to an :class:`array.array` column, converted to its type."""
+    column.frombytes(memoryview(np.ascontiguousarray(values, dtype=column.typecode)).cast("B"))

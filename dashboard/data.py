@@ -84,6 +84,72 @@ def selected_source(data: Source, selection: PathSelection) -> Source:
     return view
 
 
+@dataclass
+class RunChoice:
+    """Which run a page shows: empty for the one being recorded, else a spooled run's id."""
+
+    run_id: str = ""
+
+
+class Runs:
+    """The runs of a scheduler plugin: the one being recorded and the segments spooled before.
+
+    A spooled segment is read back from the spool directory when first
+    chosen, in the spool's own thread (after its write), never on the
+    scheduler's event loop.
+    """
+
+    def __init__(self, plugin: Any) -> None:
+        self.plugin = plugin
+        self._reads: dict[str, Any] = {}  # run id -> future of its GraphView
+
+    def options(self) -> list[tuple[str, str]]:
+        """``(value, label)`` pairs for a selector, the run being recorded first."""
+        current = [("", f"recording: {self.plugin.builder.run_id[:12]}")]
+        spooled = [(run_id, f"spooled: {run_id[:12]}")
+                   for run_id, _ in reversed(self.plugin.spooled)]
+        return current + spooled
+
+    def view(self, run_id: str) -> GraphView | None:
+        """The spooled run ``run_id``, or ``None`` while it is being read.
+
+        Raises
+        ------
+        KeyError
+            If no such run was spooled.
+        Exception
+            Whatever reading it back raised (the spool is gone, a file is corrupt).
+        """
+        read = self._reads.get(run_id)
+        if read is None:
+            if run_id not in {spooled for spooled, _ in self.plugin.spooled}:
+                raise KeyError(f"no spooled run {run_id!r}")
+            read = self._reads[run_id] = self.plugin._spooler.submit(self._read, run_id)
+        return read.result() if read.done() else None
+
+    def _read(self, run_id: str) -> GraphView:
+        from crux_dask.provenance import read_dataset
+
+        pag = read_dataset(self.plugin.spool_dir, run_id)
+        return GraphView(pag.stores[0], pag.ends[0])
+
+
+def chosen_source(live: Source, runs: Runs, choice: RunChoice) -> Source:
+    """``live``, or the spooled run ``choice`` names once it has been read back."""
+
+    def view() -> GraphView:
+        if choice.run_id:
+            try:
+                spooled = runs.view(choice.run_id)
+            except Exception:  # shown by the page; the live run stays on screen
+                spooled = None
+            if spooled is not None:
+                return spooled
+        return live()
+
+    return view
+
+
 def static_source(pag: PAG, run_id: str | None = None) -> Source:
     """A recorded graph that no longer changes."""
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1

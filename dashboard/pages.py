@@ -16,7 +16,15 @@ from distributed.dashboard.scheduler import template_variables
 from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
-from crux_dask.dashboard.data import PathSelection, Source, live_source, selected_source
+from crux_dask.dashboard.data import (
+    PathSelection,
+    RunChoice,
+    Runs,
+    Source,
+    chosen_source,
+    live_source,
+    selected_source,
+)
 from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.steps import StepsTable
@@ -33,19 +41,58 @@ INDIVIDUAL = {
 UPDATE_INTERVAL = 500  # milliseconds
 
 
-def crux_doc(data: Source, scheduler: Any, extra: dict, doc: Any) -> None:
+def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) -> None:
     """The ``/crux`` page: all components, in the dashboard's template."""
     selection = PathSelection()
-    selected = selected_source(data, selection)
+    choice = RunChoice()
+    selected = selected_source(chosen_source(data, runs, choice), selection)
     components, layout = crux_layout(selected)
     for component in components:
         add_periodic_callback(doc, component, UPDATE_INTERVAL)
+    selector = RunSelector(runs, choice, components)
+    add_periodic_callback(doc, selector, UPDATE_INTERVAL)
     doc.title = "Dask: Crux"
-    doc.add_root(column(path_controls(selected, selection, components), layout,
-                        sizing_mode="stretch_width"))
+    doc.add_root(column(row(selector.root, path_controls(selected, selection, components)),
+                        layout, sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
     doc.theme = BOKEH_THEME
+
+
+class RunSelector:
+    """Which run the page shows: the one being recorded, or a segment spooled before it.
+
+    ``update`` (periodic) lists new segments and reports a segment being read.
+    """
+
+    def __init__(self, runs: Runs, choice: RunChoice, components: list) -> None:
+        self.runs, self.choice, self.components = runs, choice, components
+        self._options = runs.options()
+        self.select = Select(title="run", options=self._options, value="", width=260,
+                             name="crux-run")
+        self.message = Div(text="", name="crux-run-message")
+        self.root = column(self.select, self.message)
+        self.select.on_change("value", self._chosen)
+
+    def _chosen(self, attr: str, old: str, new: str) -> None:
+        self.choice.run_id = new
+        self.update()
+        for component in self.components:
+            component.update()
+
+    def update(self) -> None:
+        options = self.runs.options()
+        if options != self._options:
+            self._options = self.select.options = options
+        text = ""
+        if self.choice.run_id:
+            try:
+                if self.runs.view(self.choice.run_id) is None:
+                    text = "reading the spooled run..."
+            except Exception as error:
+                text = f"<b>cannot show this run: {html.escape(str(error))}</b>"
+        if text != self.message.text:
+            self.message.text = text
 
 
 def path_controls(data: Source, selection: PathSelection, components: list) -> Any:
@@ -107,7 +154,7 @@ def install_pages(scheduler: Any, plugin: Any) -> bool:
     if any("/crux" in app.app_paths for app in existing):
         return True  # installed already (the plugin was registered again)
     data = live_source(plugin)
-    routes = {"/crux": functools.partial(crux_doc, data)}
+    routes = {"/crux": functools.partial(crux_doc, data, Runs(plugin))}
     routes.update({route: functools.partial(individual_doc, cls, data)
                    for route, cls in INDIVIDUAL.items()})
     variables = template_variables(scheduler)
@@ -122,4 +169,33 @@ def install_pages(scheduler: Any, plugin: Any) -> bool:
     application.add_application(app)
     app.initialize(IOLoop.current())
     app.start()
+    list_individual_pages(application)
     return True
+
+
+def list_individual_pages(application: Any) -> bool:
+    """List the individual Crux pages in ``/individual-plots.json`` too.
+
+    That listing, which JupyterLab's Dask extension reads, only looks at
+    distributed's own Bokeh application; its handler is swapped for one that
+    adds ours.  Returns ``False`` if the route is not there.
+    """
+    from distributed.http.scheduler.info import IndividualPlots
+
+    class IndividualPlotsWithCrux(IndividualPlots):
+        def write(self, chunk: Any) -> None:
+            if isinstance(chunk, dict):
+                chunk = {**chunk, **{route.strip("/").replace("-", " ").title(): route
+                                     for route in INDIVIDUAL}}
+            super().write(chunk)
+
+    found = False
+    routers = [application.default_router, application.wildcard_router]
+    while routers:
+        for rule in routers.pop().rules:
+            if isinstance(rule.target, type) and issubclass(rule.target, IndividualPlots):
+                rule.target = IndividualPlotsWithCrux
+                found = True
+            elif hasattr(rule.target, "rules"):
+                routers.append(rule.target)
+    return found

@@ -56,6 +56,15 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
     status = status.replace("'", '"')
     assert code == 200 and 'href="crux"' in status
     assert "individual-crux-timeline" in status  # under "More..."
+    # What JupyterLab's Dask extension lists: distributed's pages and ours.
+    code, plots = await fetch(s, "/individual-plots.json")
+    plots = json.loads(plots)
+    assert plots["Individual Crux Timeline"] == "/individual-crux-timeline"
+    assert plots["Individual Crux Overview"] == "/individual-crux-overview"
+    assert plots["Individual Task Stream"] == "/individual-task-stream"
+    for route in plots.values():
+        code, _ = await fetch(s, route)
+        assert code == 200, route
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
@@ -248,6 +257,13 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
             driver.find_element(By.LINK_TEXT, "Crux").click()
             assert driver.current_url.rstrip("/").endswith("/crux")
             assert rendered_bars(driver) == len(path)
+            runs = driver.execute_script("""
+                for (const doc of Bokeh.documents) {
+                    const select = doc.get_model_by_name('crux-run');
+                    if (select) { return select.options.map((o) => o[0]); }
+                }
+                return null;""")
+            assert runs == [""]  # only the run being recorded: nothing was spooled
             driver.save_screenshot(str(tmp_path / "crux-tab.png"))
             assert console_errors(driver) == []
     finally:
@@ -270,3 +286,63 @@ def test_browser_shows_the_same_path_in_the_report(tmp_path):
         assert console_errors(driver) == []
     finally:
         driver.quit()
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.max-states": 100})
+async def test_run_selector_shows_a_spooled_run(c, s, a, b):
+    import asyncio
+
+    from distributed.utils_test import inc
+
+    from crux_dask.dashboard.data import (
+        PathSelection,
+        RunChoice,
+        Runs,
+        chosen_source,
+        selected_source,
+    )
+    from crux_dask.dashboard.pages import RunSelector
+
+    await crux_dask.attach(c)
+    step = 0
+    for i in range(300):
+        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
+    assert await c.compute(step) == 300
+    await crux_dask.flush(c)
+    plugin = s.plugins["crux"]
+    spooled = [run_id for run_id, _ in plugin.spooled]
+    assert len(spooled) >= 2
+
+    runs = Runs(plugin)
+    choice = RunChoice()
+    data = selected_source(chosen_source(live_source(plugin), runs, choice), PathSelection())
+    steps = StepsTable(data)
+    selector = RunSelector(runs, choice, [steps])
+    values = [value for value, _ in selector.select.options]
+    assert values[0] == "" and sorted(values[1:]) == sorted(spooled)
+    steps.update()
+    live_keys = steps.source.data["key"]
+
+    selector.select.value = spooled[0]  # the first segment: read back in the spool's thread
+    for _ in range(200):
+        selector.update()
+        if runs.view(spooled[0]) is not None:
+            break
+        assert selector.message.text.startswith("reading")
+        await asyncio.sleep(0.05)
+    selector.update()
+    steps.update()
+    assert selector.message.text == ""
+    keys = [key for key in steps.source.data["key"] if key.startswith("step-")]
+    numbers = [int(key.split("-")[1]) for key in keys]
+    # The pipeline's beginning, in order, and not what the live run shows.
+    assert numbers[0] == 0 and numbers == sorted(numbers) and len(numbers) > 10
+    assert keys != [key for key in live_keys if key.startswith("step-")]
+
+    selector.select.value = "no-such-run"
+    selector.update()
+    assert "cannot show this run" in selector.message.text
+    steps.update()
+    assert steps.source.data["key"] == live_keys  # the live run stays on screen
+    code, _ = await fetch(s, "/crux")
+    assert code == 200

@@ -188,21 +188,23 @@ class PAGBuilder:
         dispatch = self._dispatch
         position, n = 0, len(events)
         while position < n:
+            stop = n  # too few left for a window: one by one
             if n - position >= _WINDOW_MIN:
                 size = self._window
                 window = events[position:position + size]
                 try:
                     done = apply_window(self, window)
-                except Exception:  # a malformed event: the scalar path names it
-                    done = 0
-                position += done
-                if done == len(window):
-                    self._window = min(2 * size, _WINDOW_MAX)
-                    continue
-                # Planning costs the whole window: size the next one by what was taken.
-                self._window = max(_WINDOW_MIN, min(2 * done, _WINDOW_MAX))
-            # One event the window could not take (or too few left for a window).
-            stop = position + 1 if n - position >= _WINDOW_MIN else n
+                except Exception:  # malformed somewhere: one by one, which names it
+                    self._window = _WINDOW_MIN
+                    stop = position + len(window)
+                else:
+                    position += done
+                    if done == len(window):
+                        self._window = min(2 * size, _WINDOW_MAX)
+                        continue
+                    # Planning costs the whole window: size the next one by what it took.
+                    self._window = max(_WINDOW_MIN, min(2 * done, _WINDOW_MAX))
+                    stop = position + 1  # the event that ended the window
             for event in events[position:stop]:
                 try:
                     handler = dispatch[event[0]]

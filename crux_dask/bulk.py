@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import chain, repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +38,7 @@ __all__ = ["apply_window"]
 
 _COMPUTE, _TRANSFER, _DELETE, _OTHER = 0, 1, 2, 3
 _KIND_CODES = {"compute": _COMPUTE, "transfer": _TRANSFER, "delete": _DELETE}
+_WIDTHS = {_COMPUTE: 15, _TRANSFER: 7, _DELETE: 4}
 #: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
 _DEAD, _MISSING = -1, -2
 _NO_GROUP = -2
@@ -71,46 +71,50 @@ class _Window:
     def __init__(self, builder: PAGBuilder, events: list) -> None:
         self.builder = builder
         store = builder.store
-        kinds = np.fromiter(map(_KIND_CODES.get, map(itemgetter(0), events), repeat(_OTHER)),
-                            np.int8, len(events))
+        # Every field of every event in one flat array: an event's fields start
+        # at its offset, so a column is one gather.
+        lengths = np.fromiter(map(len, events), np.int64, len(events))
+        flat = np.fromiter(chain.from_iterable(events), object, int(lengths.sum()))
+        offsets = np.cumsum(lengths) - lengths
+        head = flat[np.minimum(offsets, max(len(flat) - 1, 0))] if len(flat) else flat
+        kinds = np.full(len(events), _OTHER, np.int8)
+        for name, kind in _KIND_CODES.items():
+            kinds[(lengths == _WIDTHS[kind]) & (head == name)] = kind
         n = _first(kinds == _OTHER, len(events))
         kinds = kinds[:n]
         ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (_COMPUTE, _TRANSFER, _DELETE))
-        get = events.__getitem__
-        (_, c_key, c_worker, c_thread, c_start, c_stop, c_nbytes, c_inputs, c_root, c_label,
-         c_group, c_kind, c_location, c_origin, c_reads) = _columns(map(get, ci.tolist()), 15)
-        _, _, t_source, t_target, t_start, t_stop, t_nbytes = _columns(
-            map(get, ti.tolist()), 7)
-        _, _, d_location, d_time = _columns(map(get, di.tolist()), 4)
         nc = len(ci)
+
+        def field(at: np.ndarray, index: int) -> np.ndarray:
+            return flat[offsets[at] + index]
+
         bad = np.zeros(n, bool)  # events the window leaves to the scalar path
 
-        def numbers(column: tuple, at: np.ndarray, kind: type, none: int | None = None):
-            values, wrong = _numbers(column, kind, none)
+        def numbers(at: np.ndarray, index: int, kind: type, none: int | None = None):
+            values, wrong = _numbers(field(at, index).tolist(), kind, none)
             bad[at] |= wrong
             return values
 
-        c_start = numbers(c_start, ci, float)
-        c_stop = numbers(c_stop, ci, float)
-        c_nbytes = numbers(c_nbytes, ci, int)
-        c_thread = numbers(c_thread, ci, int, NO_THREAD)
-        t_start = numbers(t_start, ti, float)
-        t_stop = numbers(t_stop, ti, float)
-        t_no_nbytes = _is_none(t_nbytes)
-        t_nbytes = numbers(t_nbytes, ti, int, -1)
-        d_time = numbers(d_time, di, float)
-        for column in (c_kind, c_location):  # annotations
-            if column.count(None) != nc:
-                bad[ci] |= ~_is_none(column)
-        if c_reads.count(None) != nc:
-            bad[ci] |= np.fromiter(map(bool, c_reads), bool, nc)
+        c_start = numbers(ci, 4, float)
+        c_stop = numbers(ci, 5, float)
+        c_nbytes = numbers(ci, 6, int)
+        c_thread = numbers(ci, 3, int, NO_THREAD)
+        t_start = numbers(ti, 4, float)
+        t_stop = numbers(ti, 5, float)
+        t_no_nbytes = field(ti, 6) == None  # noqa: E711 - elementwise
+        t_nbytes = numbers(ti, 6, int, -1)
+        d_time = numbers(di, 3, float)
+        for index in (11, 12):  # annotations: a mutation kind, a location
+            bad[ci] |= field(ci, index) != None  # noqa: E711 - elementwise
+        bad[ci] |= np.fromiter(map(bool, field(ci, 14).tolist()), bool, nc)  # reads
 
         # A key's id is the first event of the window that writes it (inputs
         # written before the window get ids from n on); locations and labels
         # are the graph's codes.
-        names = list(map(itemgetter(1), events[:n]))
+        names = flat[offsets[:n] + 1].tolist()
         first_write = dict(zip(reversed(names), range(n - 1, -1, -1)))
         ev_key = np.fromiter(map(first_write.__getitem__, names), np.int64, n)
+        c_inputs = field(ci, 7).tolist()
         n_inputs = np.fromiter(map(len, c_inputs), np.int64, nc)
         inputs = list(chain.from_iterable(c_inputs))
         input_key = np.fromiter(map(first_write.get, inputs, repeat(-1)), np.int64,
@@ -121,6 +125,15 @@ class _Window:
             input_key[earlier] = n + held_id
             names += held
         self.names = names
+        c_key = field(ci, 1).tolist()
+        c_worker = field(ci, 2).tolist()
+        c_label = field(ci, 9).tolist()
+        c_group = field(ci, 10).tolist()
+        c_origin = field(ci, 13).tolist()
+        c_root = field(ci, 8)
+        t_source = field(ti, 2).tolist()
+        t_target = field(ti, 3).tolist()
+        d_location = field(di, 2).tolist()
         c_memory, _ = _encode(c_worker, builder._memory_codes.get)
         locations = store.locations.codes.get
         t_source_code, _ = _encode(t_source, locations)
@@ -177,7 +190,7 @@ class _Window:
         if no_inputs.any():
             roots, run_root = builder._roots, builder._run_root
             c_root_state[no_inputs] = [r if r in roots else run_root
-                                       for r in _objects(list(c_root))[no_inputs].tolist()]
+                                       for r in c_root[no_inputs].tolist()]
             bad[ci] |= c_root_state < 0
         if builder._parked:  # a state that waiting events need: the scalar path releases them
             creates = np.flatnonzero(kinds != _DELETE)
@@ -422,26 +435,6 @@ def _first(mask: np.ndarray, default: int) -> int:
     """Index of the first true value of ``mask``, or ``default``."""
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else default
-
-
-def _columns(rows, width: int) -> list[list]:
-    """Transpose event tuples of one kind into ``width`` columns.
-
-    Through one flat list rather than ``zip(*rows)``, which keeps an iterator
-    per row alive at once and so sets off the garbage collector.
-    """
-    rows = list(rows)
-    if not rows:
-        return [[] for _ in range(width)]
-    if set(map(len, rows)) != {width}:
-        raise ValueError(f"events of this kind have {width} fields")
-    flat = list(chain.from_iterable(rows))
-    return [flat[field::width] for field in range(width)]
-
-
-def _objects(values: list) -> np.ndarray:
-    """A 1-d object array of ``values`` (tuples stay whole)."""
-    return np.fromiter(values, object, len(values))
 
 
 def _is_none(column: tuple) -> np.ndarray:

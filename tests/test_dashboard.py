@@ -346,3 +346,18 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     assert steps.source.data["key"] == live_keys  # the live run stays on screen
     code, _ = await fetch(s, "/crux")
     assert code == 200
+
+
+@gen_cluster(client=True, scheduler_kwargs={**DASHBOARD, "http_prefix": "/dask"})
+async def test_everything_moves_under_a_dashboard_prefix(c, s, a, b):
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    for path in ["/dask/crux", "/dask/individual-crux-steps", "/dask/crux/api/v1/stats"]:
+        code, _ = await fetch(s, path)
+        assert code == 200, path
+    code, status = await fetch(s, "/dask/status")
+    assert code == 200 and "crux" in status
+    code, plots = await fetch(s, "/dask/individual-plots.json")
+    assert json.loads(plots)["Individual Crux Steps"] == "/individual-crux-steps"
+    code, _ = await fetch(s, "/crux")
+    assert code == 404  # nothing answers outside the prefix

@@ -18,7 +18,10 @@ needs appears, and applied with the best available input by
 :meth:`PAGBuilder.resolve_parked` (on a flush, or after a timeout).
 
 Events are plain tuples ``(kind, *fields)`` with the fields of
-:data:`EVENT_KINDS`; this is also what the wire format carries.
+:data:`EVENT_KINDS`; this is also what the wire format carries.  This module
+applies them one by one; :meth:`PAGBuilder.apply_many` hands runs of routine
+events to :mod:`crux_dask.bulk`, which applies a window of them at once with
+the same result.
 """
 
 from __future__ import annotations

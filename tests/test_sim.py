@@ -69,7 +69,8 @@ def test_temporary_files_are_deleted(client, tmp_path):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 5])
 def test_moving_the_slowest_rank_moves_the_critical_path(seed, client, tmp_path):
-    config = SimConfig(scratch=str(tmp_path), scale=0.3, seed=seed)
+    # Long enough that a scheduling hiccup of this small machine cannot reorder ranks.
+    config = SimConfig(scratch=str(tmp_path), scale=0.6, seed=seed)
     slowest = f"rank-{config.slowest_rank():03d}"
     result = run_case("generic", config, client=client)
     keys = result.path.states["key"].tolist()
@@ -85,7 +86,8 @@ def test_checkpoint_transfer_becomes_critical_only_when_slow(client, tmp_path):
 
 
 def test_replay_reproduces_a_recorded_run(tmp_path):
-    config = SimConfig(scratch=str(tmp_path / "scratch"), scale=0.5)
+    # Long enough that a hiccup of this small machine is well inside the tolerance.
+    config = SimConfig(scratch=str(tmp_path / "scratch"), scale=1.0)
     recorded = run_case("generic", config, workers=2, out=tmp_path / "runs")
     fidelity = replay(recorded.dataset)
     assert fidelity.makespan_ratio == pytest.approx(1.0, abs=0.15)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -156,6 +157,9 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
     for i in range(3_000):
         step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
     assert await c.compute(step) == 3_000
+    # The result's release too, on the workers, so that no event comes after the counts.
+    while s.tasks or a.state.tasks or b.state.tasks:
+        await asyncio.sleep(0.01)
     await crux_dask.flush(c)
     stats = await crux_dask.get_stats(c)
     assert stats["segments_spooled"] >= 3

@@ -52,8 +52,6 @@ _SPLIT = int(MutationKind.SPLIT)
 _MERGE = int(MutationKind.MERGE)
 _DELETE = int(MutationKind.DELETE)
 
-#: Bits reserved for the location code in the composite ``(key, location)`` index.
-_LOCATION_BITS = 24
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 _AWAITED = ("memory@", "disk@")
 _HEX = re.compile(r"[a-f0-9]+")

@@ -42,12 +42,6 @@ _WIDTHS = {_COMPUTE: 15, _TRANSFER: 7, _DELETE: 4}
 #: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
 _DEAD, _MISSING = -1, -2
 _NO_GROUP = -2
-_TRANSFER_KIND = int(MutationKind.TRANSFER)
-_CONVERT = int(MutationKind.CONVERT)
-_APPEND = int(MutationKind.APPEND)
-_SPLIT = int(MutationKind.SPLIT)
-_MERGE = int(MutationKind.MERGE)
-_DELETE_KIND = int(MutationKind.DELETE)
 
 
 def apply_window(builder: PAGBuilder, events: list) -> int:
@@ -299,7 +293,8 @@ class _Window:
         pred = first_mutation.copy()
         pred[ci] += _first_max(_values_of(ready, c_src, base, store, "state_ready"),
                                c_first, c_mutations)
-        c_kind = np.where(no_inputs, _APPEND, np.where(n_inputs > 1, _MERGE, _CONVERT))
+        c_kind = np.where(no_inputs, MutationKind.APPEND,
+                          np.where(n_inputs > 1, MutationKind.MERGE, MutationKind.CONVERT))
         single = np.flatnonzero(n_inputs == 1)
         c_kind[single] = self._convert_or_split(
             c_src[c_first[single]], c["group"][single], first_mutation[ci[single]])
@@ -312,7 +307,8 @@ class _Window:
         m_busy[c_rows] = np.repeat(c["stop"] - c["start"], c_mutations)
         copy_rows = first_mutation[copies] - m0
         m_src[copy_rows] = sources
-        m_kind[copy_rows] = np.repeat([_TRANSFER_KIND, _DELETE_KIND], [len(ti), len(di)])
+        m_kind[copy_rows] = np.repeat([MutationKind.TRANSFER, MutationKind.DELETE],
+                                      [len(ti), len(di)])
         m_busy[copy_rows[:len(ti)]] = t["stop"] - t["start"]
 
         # Append: labels, keys, states, mutations.
@@ -366,11 +362,12 @@ class _Window:
         same_after[:-1] = ~last[:-1] & (group[1:] == group[:-1])
         seen_mutation = np.asarray([m for _, m in seen], np.int64)
         for m in seen_mutation[same_before[first] & (seen_mutation >= 0)].tolist():
-            builder.store.mutation_kind[m] = _SPLIT  # a first sibling from before the window
+            # A first sibling recorded before the window.
+            builder.store.mutation_kind[m] = MutationKind.SPLIT
         fanout.update(zip(src[last].tolist(), zip(
             group[last].tolist(), np.where(same_before[last], -1, mutation[last]).tolist())))
         kinds = np.empty(len(src), np.int64)
-        kinds[order] = np.where(same_before | same_after, _SPLIT, _CONVERT)
+        kinds[order] = np.where(same_before | same_after, MutationKind.SPLIT, MutationKind.CONVERT)
         return kinds
 
     def _update_held(self, ids: np.ndarray) -> None:

@@ -18,10 +18,11 @@ needs appears, and applied with the best available input by
 :meth:`PAGBuilder.resolve_parked` (on a flush, or after a timeout).
 
 Events are plain tuples ``(kind, *fields)`` with the fields of
-:data:`EVENT_KINDS`; this is also what the wire format carries.  This module
-applies them one by one; :meth:`PAGBuilder.apply_many` hands runs of routine
-events to :mod:`crux_dask.bulk`, which applies a window of them at once with
-the same result.
+:data:`EVENT_KINDS`, or the same events in columns
+(:class:`~crux_dask.columns.EventColumns`, what the wire format carries).  This
+module applies them one by one; :meth:`PAGBuilder.apply_columns` hands runs of
+routine events to :mod:`crux_dask.bulk`, which applies a window of them at once
+with the same result.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 
 from crux_dask.bulk import apply_window
 from crux_dask.codec import decode_batch
+from crux_dask.columns import EventColumns
 from crux_dask.schema import CLIENT, EVENT_KINDS, ROOT, MutationKind, memory_location
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
@@ -172,8 +174,8 @@ class PAGBuilder:
                    on_error: Callable[[Sequence[Any], Exception], None] | None = None) -> None:
         """Apply events in order, as :meth:`apply` one by one would.
 
-        Runs of routine events (see :mod:`crux_dask.bulk`) are applied a
-        window at a time with array operations; the others one by one.
+        Enough events are put in columns (:class:`~crux_dask.columns.EventColumns`)
+        and applied as :meth:`apply_columns` does.
 
         Parameters
         ----------
@@ -186,39 +188,64 @@ class PAGBuilder:
             (the events before it stay applied).
         """
         events = events if isinstance(events, list) else list(events)
-        dispatch = self._dispatch
-        position, n = 0, len(events)
+        if len(events) < _WINDOW_MIN:
+            self._one_by_one(events, now, on_error)
+        else:
+            self._apply_columns(EventColumns.from_events(events), events.__getitem__, now,
+                                on_error)
+
+    def apply_columns(self, columns: EventColumns, now: float = 0.0,
+                      on_error: Callable[[Sequence[Any], Exception], None] | None = None
+                      ) -> None:
+        """Apply events given in columns, in order, as :meth:`apply` one by one would.
+
+        Runs of routine events (see :mod:`crux_dask.bulk`) are applied a
+        window at a time with array operations; the others one by one.
+        ``now`` and ``on_error`` are as for :meth:`apply_many`.
+        """
+        if len(columns) < _WINDOW_MIN:
+            self._one_by_one(columns.events(), now, on_error)
+        else:
+            self._apply_columns(columns, columns.event, now, on_error)
+
+    def _apply_columns(self, columns: EventColumns, event_at: Callable[[int], Sequence[Any]],
+                       now: float, on_error: Callable | None) -> None:
+        position, n = 0, len(columns)
         while position < n:
             stop = n  # too few left for a window: one by one
             if n - position >= _WINDOW_MIN:
-                size = self._window
-                window = events[position:position + size]
+                size = min(self._window, n - position)
                 try:
-                    done = apply_window(self, window)
+                    done = apply_window(self, columns, position, position + size)
                 except Exception:  # malformed somewhere: one by one, which names it
                     self._window = _WINDOW_MIN
-                    stop = position + len(window)
+                    stop = position + size
                 else:
                     position += done
-                    if done == len(window):
-                        self._window = min(2 * size, _WINDOW_MAX)
+                    if done == size:
+                        self._window = min(2 * self._window, _WINDOW_MAX)
                         continue
                     # Planning costs the whole window: size the next one by what it took.
                     self._window = max(_WINDOW_MIN, min(2 * done, _WINDOW_MAX))
                     stop = position + 1  # the event that ended the window
-            for event in events[position:stop]:
-                try:
-                    handler = dispatch[event[0]]
-                except (KeyError, TypeError, IndexError):
-                    handler = self.apply
-                if on_error is None:
-                    handler(event, now)
-                    continue
-                try:
-                    handler(event, now)
-                except Exception as error:
-                    on_error(event, error)
+            self._one_by_one(map(event_at, range(position, stop)), now, on_error)
             position = stop
+
+    def _one_by_one(self, events: Iterable[Sequence[Any]], now: float,
+                    on_error: Callable | None) -> None:
+        dispatch = self._dispatch
+        for event in events:
+            try:
+                handler = dispatch[event[0]]
+            except (KeyError, TypeError, IndexError):
+                handler = self.apply
+            if on_error is None:
+                handler(event, now)
+                continue
+            try:
+                handler(event, now)
+            except Exception as error:
+                on_error(event, error)
 
     def apply_batch(self, data: bytes, now: float = 0.0) -> int:
         """Decode an encoded batch and apply its events; return how many.
@@ -228,9 +255,9 @@ class PAGBuilder:
         crux_dask.codec.BatchError
             If the batch is malformed; then nothing of it is applied.
         """
-        events = decode_batch(data).events
-        self.apply_many(events, now)
-        return len(events)
+        columns = decode_batch(data).columns
+        self.apply_columns(columns, now)
+        return len(columns)
 
     def root(self, time: float, label: str = "graph") -> int:
         """A graph reached the scheduler at ``time``: create its root state."""

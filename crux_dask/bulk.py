@@ -21,13 +21,13 @@ random event sequences.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from itertools import chain, repeat
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
 from crux_dask.schema import MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
@@ -36,16 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = ["apply_window"]
 
-_COMPUTE, _TRANSFER, _DELETE, _OTHER = 0, 1, 2, 3
-_KIND_CODES = {"compute": _COMPUTE, "transfer": _TRANSFER, "delete": _DELETE}
-_WIDTHS = {_COMPUTE: 15, _TRANSFER: 7, _DELETE: 4}
 #: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
 _DEAD, _MISSING = -1, -2
 _NO_GROUP = -2
 
 
-def apply_window(builder: PAGBuilder, events: list) -> int:
-    """Apply the leading routine events of ``events``; return how many.
+def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> int:
+    """Apply the leading routine events of ``columns[lo:hi]``; return how many.
 
     Raises
     ------
@@ -53,7 +50,7 @@ def apply_window(builder: PAGBuilder, events: list) -> int:
         Whatever a malformed window raises while it is planned; nothing is
         applied then, and the caller applies the events one by one.
     """
-    window = _Window(builder, events)
+    window = _Window(builder, columns, lo, hi)
     if window.n:
         window.commit()
     return window.n
@@ -62,102 +59,58 @@ def apply_window(builder: PAGBuilder, events: list) -> int:
 class _Window:
     """One window: planned in ``__init__`` (no side effects), applied by :meth:`commit`."""
 
-    def __init__(self, builder: PAGBuilder, events: list) -> None:
+    def __init__(self, builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> None:
         self.builder = builder
         store = builder.store
-        # Every field of every event in one flat array: an event's fields start
-        # at its offset, so a column is one gather.
-        lengths = np.fromiter(map(len, events), np.int64, len(events))
-        flat = np.fromiter(chain.from_iterable(events), object, int(lengths.sum()))
-        offsets = np.cumsum(lengths) - lengths
-        head = flat[np.minimum(offsets, max(len(flat) - 1, 0))] if len(flat) else flat
-        kinds = np.full(len(events), _OTHER, np.int8)
-        for name, kind in _KIND_CODES.items():
-            kinds[(lengths == _WIDTHS[kind]) & (head == name)] = kind
-        n = _first(kinds == _OTHER, len(events))
+        kinds = columns.kind[lo:hi]
+        n = _first(kinds == OTHER, len(kinds))
         kinds = kinds[:n]
-        ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (_COMPUTE, _TRANSFER, _DELETE))
+        ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (COMPUTE, TRANSFER, DELETE))
         nc = len(ci)
-
-        def field(at: np.ndarray, index: int) -> np.ndarray:
-            return flat[offsets[at] + index]
-
+        at_c, at_t, at_d = lo + ci, lo + ti, lo + di
         bad = np.zeros(n, bool)  # events the window leaves to the scalar path
 
-        def numbers(at: np.ndarray, index: int, kind: type, none: int | None = None):
-            values, wrong = _numbers(field(at, index).tolist(), kind, none)
-            bad[at] |= wrong
-            return values
-
-        c_start = numbers(ci, 4, float)
-        c_stop = numbers(ci, 5, float)
-        c_nbytes = numbers(ci, 6, int)
-        c_thread = numbers(ci, 3, int, NO_THREAD)
-        t_start = numbers(ti, 4, float)
-        t_stop = numbers(ti, 5, float)
-        t_no_nbytes = field(ti, 6) == None  # noqa: E711 - elementwise
-        t_nbytes = numbers(ti, 6, int, -1)
-        d_time = numbers(di, 3, float)
-        for index in (11, 12):  # annotations: a mutation kind, a location
-            bad[ci] |= field(ci, index) != None  # noqa: E711 - elementwise
-        bad[ci] |= np.fromiter(map(bool, field(ci, 14).tolist()), bool, nc)  # reads
-
-        # A key's id is the first event of the window that writes it (inputs
-        # written before the window get ids from n on); locations and labels
-        # are the graph's codes.
-        names = flat[offsets[:n] + 1].tolist()
-        first_write = dict(zip(reversed(names), range(n - 1, -1, -1)))
-        ev_key = np.fromiter(map(first_write.__getitem__, names), np.int64, n)
-        c_inputs = field(ci, 7).tolist()
-        n_inputs = np.fromiter(map(len, c_inputs), np.int64, nc)
-        inputs = list(chain.from_iterable(c_inputs))
-        input_key = np.fromiter(map(first_write.get, inputs, repeat(-1)), np.int64,
-                                len(inputs))
-        earlier = np.flatnonzero(input_key < 0)
-        if len(earlier):
-            held, held_id = _factorize(list(map(inputs.__getitem__, earlier.tolist())))
-            input_key[earlier] = n + held_id
-            names += held
-        self.names = names
-        c_key = field(ci, 1).tolist()
-        c_worker = field(ci, 2).tolist()
-        c_label = field(ci, 9).tolist()
-        c_group = field(ci, 10).tolist()
-        c_origin = field(ci, 13).tolist()
-        c_root = field(ci, 8)
-        t_source = field(ti, 2).tolist()
-        t_target = field(ti, 3).tolist()
-        d_location = field(di, 2).tolist()
-        c_memory, _ = _encode(c_worker, builder._memory_codes.get)
-        locations = store.locations.codes.get
-        t_source_code, _ = _encode(t_source, locations)
-        t_target_code, _ = _encode(t_target, locations)
-        d_location_code, _ = _encode(d_location, locations)
+        # A key is its index in the strings; ``first_event`` is the event of
+        # the window that first writes it (``n`` for keys it does not write).
+        names = self.names = columns.strings
+        ev_key = columns.key[lo:lo + n]
+        first_event = np.full(len(names), n, np.int64)
+        np.minimum.at(first_event, ev_key, np.arange(n))
+        self.first_event = first_event
+        offset = columns.input_offset
+        input_key = columns.inputs[offset[lo]:offset[lo + n]]
+        n_inputs = columns.input_count[at_c]
+        c_key_index = ev_key[ci]
+        c_key = list(map(names.__getitem__, c_key_index.tolist()))
+        c_worker = columns.location[at_c]
+        c_memory = _codes(columns, "memory", builder, c_worker, builder._memory_codes.get)
+        location = store.locations.codes.get
+        t_source_code = _codes(columns, "location", builder, columns.source[at_t], location)
+        t_target_code = _codes(columns, "location", builder, columns.location[at_t], location)
+        d_location_code = _codes(columns, "location", builder, columns.location[at_d], location)
         bad[ci] |= c_memory < 0
         bad[ti] |= (t_source_code < 0) | (t_target_code < 0)
         bad[ti] |= t_target_code == builder._root_location
         bad[di] |= d_location_code < 0
-        if c_label.count(None):
-            from crux_dask.builder import _prefix
-
-            c_label = [_prefix(k) if v is None else v for k, v in zip(c_key, c_label)]
-        # A new label is added as the scalar path would: in order of first use.
-        labels = store.labels.codes.get
-        c_label_code, self.new_labels = _encode(c_label, labels, new_from=len(store.labels))
+        c_label_code, self.new_labels = self._labels(columns, at_c, c_key)
         bad[ci] |= c_label_code < 0
+        labels = store.labels.codes.get
         c_group_code, c_origin_code = c_label_code, c_label_code
-        if c_group.count(None) != nc:
-            c_group_code = np.where(_is_none(c_group), c_label_code, _encode(c_group, labels)[0])
+        c_group = columns.group[at_c]
+        if (c_group >= 0).any():
+            c_group_code = np.where(c_group < 0, c_label_code,
+                                    _codes(columns, "label", builder, c_group, labels))
             bad[ci] |= (c_group_code < 0) & (n_inputs == 1)
-        if c_origin.count(None) != nc:
-            c_origin_code = np.where(_is_none(c_origin), c_label_code,
-                                     _encode(c_origin, labels)[0])
+        c_origin = columns.origin[at_c]
+        if (c_origin >= 0).any():
+            c_origin_code = np.where(c_origin < 0, c_label_code,
+                                     _codes(columns, "label", builder, c_origin, labels))
             bad[ci] |= c_origin_code < 0
 
         # A routine computation creates its key: nothing holds it before, in or
         # before the window (else the key's code and copies need the scalar path).
         bad[ci] |= np.fromiter(map(builder._live.__contains__, c_key), bool, nc)
-        bad[ci] |= ev_key[ci] != ci
+        bad[ci] |= first_event[c_key_index] != ci
 
         # What each lookup finds: inputs, a transfer's source and target, a release.
         n_locations = len(store.locations) + 1
@@ -166,7 +119,7 @@ class _Window:
             c_memory, t_target_code, d_location_code)
         ev_slot = ev_key * n_locations + ev_location + 1
         base = store.n_states
-        written = np.where(kinds == _DELETE, _DEAD, base + np.arange(n))
+        written = np.where(kinds == DELETE, _DEAD, base + np.arange(n))
         input_event = np.repeat(ci, n_inputs)
         lookup_slot = np.concatenate([
             input_key * n_locations + np.repeat(c_memory, n_inputs) + 1,
@@ -184,11 +137,11 @@ class _Window:
         if no_inputs.any():
             roots, run_root = builder._roots, builder._run_root
             c_root_state[no_inputs] = [r if r in roots else run_root
-                                       for r in c_root[no_inputs].tolist()]
+                                       for r in columns.root[at_c[no_inputs]].tolist()]
             bad[ci] |= c_root_state < 0
         if builder._parked:  # a state that waiting events need: the scalar path releases them
-            creates = np.flatnonzero(kinds != _DELETE)
-            slots = zip(map(self.names.__getitem__, ev_key[creates].tolist()),
+            creates = np.flatnonzero(kinds != DELETE)
+            slots = zip(map(names.__getitem__, ev_key[creates].tolist()),
                         ev_location[creates].tolist())
             bad[creates] |= np.fromiter(map(builder._parked.__contains__, slots), bool,
                                         len(creates))
@@ -202,16 +155,46 @@ class _Window:
         self.n_inputs = n_inputs[keep_c]
         self.input_src = input_src[:int(self.n_inputs.sum())]
         self.c_key = c_key[:len(self.ci)]
-        self.c = {"start": c_start[keep_c], "stop": c_stop[keep_c],
-                  "nbytes": c_nbytes[keep_c], "thread": c_thread[keep_c],
+        at_c, at_t, at_d = at_c[keep_c], at_t[keep_t], at_d[keep_d]
+        t_nbytes = columns.nbytes[at_t]
+        self.c = {"start": columns.start[at_c], "stop": columns.stop[at_c],
+                  "nbytes": columns.nbytes[at_c], "thread": columns.thread[at_c],
                   "memory": c_memory[keep_c], "label": c_label_code[keep_c],
                   "group": c_group_code[keep_c], "origin": c_origin_code[keep_c],
                   "root": c_root_state[keep_c]}
-        self.t = {"start": t_start[keep_t], "stop": t_stop[keep_t],
-                  "nbytes": t_nbytes[keep_t], "no_nbytes": t_no_nbytes[keep_t],
+        self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],
+                  "nbytes": t_nbytes, "no_nbytes": t_nbytes < 0,
                   "source": t_source_code[keep_t], "src": t_src[keep_t],
                   "before": t_before[keep_t]}
-        self.d = {"time": d_time[keep_d], "src": d_src[keep_d]}
+        self.d = {"time": columns.start[at_d], "src": d_src[keep_d]}
+
+    def _labels(self, columns: EventColumns, at: np.ndarray, keys: list[str]
+                ) -> tuple[np.ndarray, list[str]]:
+        """Label codes of computations, and the labels new to the graph in order of first use.
+
+        A new label gets the code it will have once added, as the scalar path
+        adds it: ``len(labels)`` on, in order of first use.
+        """
+        store = self.builder.store
+        labels = store.labels.codes.get
+        label = columns.label[at]
+        if (label < 0).any():  # no label given: the key's prefix, as the scalar path does
+            from crux_dask.builder import _prefix
+
+            names = columns.strings
+            text = [_prefix(k) if i < 0 else names[i] for k, i in zip(keys, label.tolist())]
+            return _encode(text, labels, new_from=len(store.labels))
+        codes = _codes(columns, "label", self.builder, label, labels)
+        unknown = codes < 0
+        if not unknown.any():
+            return codes, []
+        fresh, first = np.unique(label[unknown], return_index=True)
+        fresh = fresh[np.argsort(first)]
+        new = [columns.strings[i] for i in fresh.tolist()]
+        mapping = np.full(len(columns.strings), -1, np.int64)
+        mapping[fresh] = len(store.labels) + np.arange(len(fresh))
+        codes[unknown] = mapping[label[unknown]]
+        return codes, new
 
     def _look_up_held(self, looked_up: np.ndarray, lookup_slot: np.ndarray,
                       n_locations: int) -> None:
@@ -330,7 +313,7 @@ class _Window:
         # The builder's view of what is held where, and of the graph's end.
         self._update_held(ids)
         deque(map(builder._fanout.pop, d["src"].tolist(), repeat(None)), maxlen=0)
-        created = np.flatnonzero(kinds != _DELETE)
+        created = np.flatnonzero(kinds != DELETE)
         if len(created):
             latest = time[created].max()
             if latest >= builder._end_time:
@@ -386,11 +369,11 @@ class _Window:
         ends = np.ones(len(writes), bool)
         ends[:-1] = slot[1:] != slot[:-1]
         last = writes[ends]
-        final = np.where(kinds[last] == _DELETE, _DEAD, ids[last])
+        final = np.where(kinds[last] == DELETE, _DEAD, ids[last])
         final_key = self.ev_key[last]
-        # Slots sort by key first; a key's id is the event that first writes it.
+        # Slots sort by key first.
         keys = final_key[np.r_[True, final_key[1:] != final_key[:-1]]]
-        created = kinds[keys] == _COMPUTE
+        created = kinds[self.first_event[keys]] == COMPUTE
         held_before = np.zeros(len(keys), bool)
         earlier = np.flatnonzero(~created)
         earlier_names = list(map(names.__getitem__, keys[earlier].tolist()))
@@ -422,7 +405,7 @@ class _Window:
                 map(names.__getitem__, self.ev_key[events].tolist()),
                 self.ev_location[events].tolist(), ids[events].tolist(),
                 kinds[events].tolist()):
-            if kind == _DELETE:
+            if kind == DELETE:
                 builder._drop_held(name, location)
             else:
                 builder._live_add(name, location, sid)
@@ -434,15 +417,24 @@ def _first(mask: np.ndarray, default: int) -> int:
     return int(hits[0]) if len(hits) else default
 
 
-def _is_none(column: tuple) -> np.ndarray:
-    return np.fromiter((v is None for v in column), bool, len(column))
+def _codes(columns: EventColumns, table: str, builder: PAGBuilder, indices: np.ndarray,
+           lookup) -> np.ndarray:
+    """Codes in the builder's ``table`` of the strings at ``indices`` (``-1``: not known).
 
-
-def _factorize(values: list) -> tuple[list, np.ndarray]:
-    """Distinct values in order of first appearance, and the index of each value in them."""
-    uniques = list(dict.fromkeys(values))
-    index = dict(zip(uniques, range(len(uniques))))
-    return uniques, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+    Each distinct string is looked up once per batch: known codes are cached
+    (codes never change), unknown ones are tried again in the next window.
+    """
+    cache = columns.codes(table, builder)
+    codes = cache[indices]
+    unknown = codes < 0
+    if unknown.any():
+        strings = columns.strings
+        for i in np.unique(indices[unknown]).tolist():
+            code = lookup(strings[i])
+            if code is not None:
+                cache[i] = code
+        codes = cache[indices]
+    return codes
 
 
 def _encode(column, lookup, new_from: int | None = None) -> tuple[np.ndarray, list]:
@@ -459,35 +451,6 @@ def _encode(column, lookup, new_from: int | None = None) -> tuple[np.ndarray, li
                next(fresh) if fresh is not None and isinstance(u, str) else -1
                for u, code in zip(uniques, codes)}
     return np.fromiter(map(mapping.__getitem__, column), np.int64, len(column)), unknown
-
-
-def _numbers(column: tuple, kind: type, none: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A numeric column, and which of its values only the scalar path may judge.
-
-    ``kind`` is ``float`` (finite numbers) or ``int`` (64-bit integers);
-    ``none`` is what ``None`` stands for, where it is allowed.
-    """
-    dtype = np.float64 if kind is float else np.int64
-    if not len(column):
-        return np.empty(0, dtype), np.zeros(0, bool)
-    if none is not None and column.count(None) == len(column):
-        return np.full(len(column), none, dtype), np.zeros(len(column), bool)
-    values = np.array(column)
-    if values.ndim == 1 and values.dtype.kind in ("iuf" if kind is float else "iu"):
-        values = values.astype(dtype)
-        wrong = ~np.isfinite(values) if kind is float else np.zeros(len(values), bool)
-        return values, wrong
-    out = np.zeros(len(column), dtype)
-    wrong = np.zeros(len(column), bool)
-    for i, value in enumerate(column):
-        if value is None and none is not None:
-            out[i] = none
-        elif (type(value) is int and -2**63 <= value < 2**63) or (
-                kind is float and type(value) is float and math.isfinite(value)):
-            out[i] = value
-        else:
-            wrong[i] = True
-    return out, wrong
 
 
 def _as_of(write_slot: np.ndarray, written: np.ndarray, lookup_slot: np.ndarray,

@@ -1,10 +1,22 @@
 """The wire format of event batches: versioned, validated msgpack.
 
-A batch is a msgpack map ``{"v": 1, "source": str, "seq": int, "events": [...]}``
-whose events are arrays ``[kind, field, ...]`` with the fields of
-:data:`crux_dask.schema.EVENT_KINDS`.  :func:`decode_batch` checks everything
-before returning anything, so a bad batch is rejected whole with one
-:class:`BatchError` and whatever was recorded before is untouched.
+Two versions, both decoded:
+
+* **2**, what :func:`encode_batch` writes: the events in columns
+  (:class:`~crux_dask.columns.EventColumns`), ``{"v": 2, "source": str,
+  "seq": int, "strings": [str, ...], "columns": {name: bytes, ...},
+  "others": [[position, event], ...]}``.  Each column is the little-endian
+  bytes of one array (dtypes in :data:`WIRE_DTYPES`); string columns index
+  ``strings``.  Events that are not plain computations, transfers or releases
+  travel whole in ``others``.  The receiver reads the columns without
+  creating an object per event, and looks each distinct string up once.
+* **1**, rows: ``{"v": 1, "source": str, "seq": int, "events": [...]}`` whose
+  events are arrays ``[kind, field, ...]`` with the fields of
+  :data:`crux_dask.schema.EVENT_KINDS`: the simplest form to write by hand.
+
+:func:`decode_batch` checks everything before returning anything, so a bad
+batch is rejected whole with one :class:`BatchError` and whatever was recorded
+before is untouched.
 """
 
 from __future__ import annotations
@@ -15,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 
+from crux_dask.columns import COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
 from crux_dask.schema import EVENT_KINDS, MutationKind
 
 __all__ = [
@@ -27,7 +41,17 @@ __all__ = [
     "encode_batch",
 ]
 
-VERSION = 1
+VERSION = 2
+#: Versions :func:`decode_batch` reads.
+VERSIONS = (1, 2)
+#: The dtype of each column on the wire.
+WIRE_DTYPES: dict[str, str] = {
+    "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
+    "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
+    "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
+}
+_STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs")
+_KIND_NAMES = {COMPUTE: "compute", TRANSFER: "transfer", DELETE: "delete", OTHER: "other"}
 #: Largest encoded batch accepted, in bytes.
 MAX_BATCH_BYTES = 16 * 2**20
 #: Largest number of events in one batch.
@@ -49,21 +73,31 @@ class Batch:
         Who sent it (a worker address).
     seq : int
         The sender's sequence number of the batch.
-    events : list of tuple
-        The events, ready for :meth:`crux_dask.builder.PAGBuilder.apply`.
+    columns : EventColumns
+        The events, ready for :meth:`crux_dask.builder.PAGBuilder.apply_columns`.
     """
 
     source: str
     seq: int
-    events: list[tuple]
+    columns: EventColumns
+
+    @property
+    def events(self) -> list[tuple]:
+        """The events as tuples, for :meth:`crux_dask.builder.PAGBuilder.apply`."""
+        return self.columns.events()
 
 
 def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0) -> bytes:
-    """Pack events into one batch."""
-    return msgpack.packb(
-        {"v": VERSION, "source": source, "seq": seq, "events": [list(e) for e in events]},
-        use_bin_type=True,
-    )
+    """Pack events into one batch, in columns (version 2)."""
+    columns = EventColumns.from_events(list(events))
+    if len(columns.strings) >= 2**31:
+        raise BatchError("too many distinct strings for one batch")
+    return msgpack.packb({
+        "v": VERSION, "source": source, "seq": seq, "strings": columns.strings,
+        "columns": {name: np.ascontiguousarray(getattr(columns, name), dtype).tobytes()
+                    for name, dtype in WIRE_DTYPES.items()},
+        "others": [[i, list(event)] for i, event in columns.others.items()],
+    }, use_bin_type=True)
 
 
 def decode_batch(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
@@ -74,7 +108,8 @@ def decode_batch(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     BatchError
         If the batch is too large, not msgpack, of another version, or any of
         its events is malformed (unknown kind, missing or extra fields, wrong
-        types, non-finite or reversed times).
+        types, non-finite or reversed times, columns of the wrong length or
+        pointing outside the strings).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BatchError(f"a batch must be bytes, not {type(data).__name__}")
@@ -83,30 +118,121 @@ def decode_batch(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     try:
         message = msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=_MAX_STRING, max_bin_len=0, max_array_len=MAX_BATCH_EVENTS,
-            max_map_len=16, max_ext_len=0,
+            max_str_len=_MAX_STRING, max_bin_len=max_bytes, max_array_len=MAX_BATCH_EVENTS,
+            max_map_len=32, max_ext_len=0,
         )
     except Exception as error:  # msgpack raises several unrelated types
         raise BatchError(f"batch is not valid msgpack: {error}") from None
     if not isinstance(message, dict):
         raise BatchError(f"a batch must be a map, not {type(message).__name__}")
-    if set(message) != {"v", "source", "seq", "events"}:
-        fields = sorted(map(str, message))
-        raise BatchError(f"a batch has the fields v, source, seq, events; got {fields}")
-    if message["v"] != VERSION:
-        raise BatchError(f"unsupported batch version {message['v']!r} (this is {VERSION})")
-    source, seq, events = message["source"], message["seq"], message["events"]
+    version = message.get("v")
+    if version not in VERSIONS or isinstance(version, bool):
+        raise BatchError(f"unsupported batch version {version!r} (this reads "
+                         f"{' and '.join(map(str, VERSIONS))})")
+    fields = {"v", "source", "seq", *(("events",) if version == 1 else
+                                       ("strings", "columns", "others"))}
+    if set(message) != fields:
+        raise BatchError(f"a version {version} batch has the fields {', '.join(sorted(fields))};"
+                         f" got {sorted(map(str, message))}")
+    source, seq = message["source"], message["seq"]
     if not isinstance(source, str):
         raise BatchError("batch field 'source' must be a string")
     if not _is_int(seq):
         raise BatchError("batch field 'seq' must be an integer")
+    if version == 1:
+        return Batch(source, seq, EventColumns.from_events(_rows(message["events"])))
+    return Batch(source, seq, _columns(message["strings"], message["columns"],
+                                       message["others"]))
+
+
+def _rows(events: Any) -> list[tuple]:
     if not isinstance(events, list):
         raise BatchError("batch field 'events' must be an array")
     checked = []
     for index, event in enumerate(events):
         fast = _common_event(event)
         checked.append(fast if fast is not None else _check_event(index, event))
-    return Batch(source, seq, checked)
+    return checked
+
+
+def _columns(strings: Any, columns: Any, others: Any) -> EventColumns:
+    """Events in columns, checked: every index in range, every number plausible."""
+    if not isinstance(strings, list) or not set(map(type, strings)) <= {str}:
+        raise BatchError("batch field 'strings' must be an array of strings")
+    if not isinstance(columns, dict) or set(columns) != set(WIRE_DTYPES):
+        raise BatchError(f"batch field 'columns' must map {', '.join(WIRE_DTYPES)} to bytes")
+    arrays = {}
+    for name, dtype in WIRE_DTYPES.items():
+        raw = columns[name]
+        size = np.dtype(dtype).itemsize
+        if not isinstance(raw, bytes) or len(raw) % size:
+            raise BatchError(f"column {name!r} must be bytes of {dtype} values")
+        # A native, writable copy: int8 kinds, float64 times, int64 for the rest.
+        arrays[name] = np.frombuffer(raw, dtype).astype(
+            np.int8 if name == "kind" else np.float64 if dtype[1] == "f" else np.int64)
+    kind = arrays["kind"]
+    n = len(kind)
+    for name, values in arrays.items():
+        if name != "inputs" and len(values) != n:
+            raise BatchError(f"column {name!r} has {len(values)} values for {n} events")
+    if n > MAX_BATCH_EVENTS:
+        raise BatchError(f"batch of {n} events exceeds the limit of {MAX_BATCH_EVENTS}")
+
+    def require(wrong: np.ndarray, column: str, problem: str) -> None:
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            name = _KIND_NAMES.get(int(kind[i]), "unknown")
+            raise BatchError(f"event {i} ({name}) column {column!r}: {problem}")
+
+    require((kind < COMPUTE) | (kind > OTHER), "kind", "expected 0 to 3")
+    is_c, is_t, is_d = kind == COMPUTE, kind == TRANSFER, kind == DELETE
+    plain = kind != OTHER
+    n_strings = len(strings)
+    count = arrays["input_count"]
+    require((count < 0) | (count > 0) & ~is_c, "input_count",
+            "a computation's inputs are a count of at least 0, others have none")
+    if len(arrays["inputs"]) != int(count.sum()):
+        raise BatchError(f"column 'inputs' has {len(arrays['inputs'])} values, "
+                         f"input_count says {int(count.sum())}")
+    for name in _STRING_COLUMNS:
+        values = arrays[name]
+        if name == "inputs":
+            out = (values < 0) | (values >= n_strings)
+            if out.any():
+                event = int(np.searchsorted(np.cumsum(count), np.flatnonzero(out)[0], "right"))
+                raise BatchError(f"event {event} (compute) column 'inputs': "
+                                 "expected indices of strings")
+            continue
+        require((values < NONE) | (values >= n_strings), name, "expected an index of a string")
+    require(plain & ((arrays["key"] < 0) | (arrays["location"] < 0)), "key",
+            "expected a key and a location")
+    require(is_t & (arrays["source"] < 0) | ~is_t & plain & (arrays["source"] >= 0),
+            "source", "only a transfer has a source")
+    for name in ("label", "group", "origin", "root"):
+        require(plain & ~is_c & (arrays[name] != NONE), name, "only a computation has one")
+    start, stop = arrays["start"], arrays["stop"]
+    require(plain & ~(np.isfinite(start) & np.isfinite(stop)), "start",
+            "expected finite times")
+    require(plain & (stop < start), "stop", "stop is before start")
+    require(is_d & (stop != start), "stop", "a release has one time")
+    nbytes, thread, root = arrays["nbytes"], arrays["thread"], arrays["root"]
+    require(is_c & (nbytes < 0) | is_t & (nbytes < NONE) | is_d & (nbytes != 0), "nbytes",
+            "expected a non-negative size (-1: unknown, for a transfer)")
+    require(plain & (thread < NONE) | plain & ~is_c & (thread != NONE), "thread",
+            "expected a thread of a computation, or -1")
+    require(is_c & (root < NONE), "root", "expected a state id or -1")
+
+    if not isinstance(others, list):
+        raise BatchError("batch field 'others' must be an array")
+    whole: dict[int, tuple] = {}
+    for entry in others:
+        if (not isinstance(entry, list) or len(entry) != 2 or not _is_int(entry[0])
+                or not 0 <= entry[0] < n or entry[0] in whole):
+            raise BatchError("batch field 'others' must hold [position, event] pairs")
+        whole[entry[0]] = _check_event(entry[0], entry[1])
+    if sorted(whole) != np.flatnonzero(~plain).tolist():
+        raise BatchError("batch field 'others' must hold exactly the events of kind 3")
+    return EventColumns(strings, others=whole, **arrays)
 
 
 def _common_event(event: Any) -> tuple | None:

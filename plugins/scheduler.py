@@ -1,6 +1,7 @@
 """The scheduler side: records computations and receives the workers' events.
 
-Hooks only append a tuple to a queue; a periodic callback turns the queue into
+Hooks only append a tuple to a queue, and the workers' batches join the queue
+as they arrive, still in columns; a periodic callback turns the queue into
 graph states, so the cost of analysis never sits inside a scheduler hook.
 """
 
@@ -19,6 +20,7 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.builder import PAGBuilder
 from crux_dask.codec import BatchError, decode_batch
+from crux_dask.columns import EventColumns
 from crux_dask.plugins import config
 
 if TYPE_CHECKING:
@@ -88,7 +90,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.builder = PAGBuilder()
-        self.pending: deque[tuple] = deque()
+        # Recorded here (tuples) and received from workers (EventColumns), in order.
+        self.pending: deque[tuple | EventColumns] = deque()
+        self.pending_events = 0
         self.graph_roots: dict[Any, int] = {}
         self.erred: dict[str, dict[str, Any]] = {}
         self.counts = dict.fromkeys(
@@ -139,6 +143,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         try:
             self.pending.append(("lost", worker, time.time()))
+            self.pending_events += 1
             self.counts["events_received"] += 1
         except Exception as error:
             self._hook_failed("remove_worker", error)
@@ -168,7 +173,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                     "exception": kwargs.get("exception_text"),
                 }
             self.counts["events_received"] += 1
-            if len(self.pending) >= self.max_pending_events:
+            self.pending_events += 1
+            if self.pending_events >= self.max_pending_events:
                 self._apply_safely()
         except Exception as error:
             self._hook_failed("transition", error)
@@ -184,12 +190,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             self.last_error = f"batch rejected: {error}"
             logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
             return {"status": "rejected", "error": str(error)}
-        self.pending.extend(decoded.events)
-        n = len(decoded.events)
+        self.pending.append(decoded.columns)
+        n = len(decoded.columns)
+        self.pending_events += n
         self.counts["events_received"] += n
         self.counts["events_from_workers"] += n
         self.seconds["receive"] += time.perf_counter() - started
-        if len(self.pending) >= self.max_pending_events:
+        if self.pending_events >= self.max_pending_events:
             self._apply_safely()
         return {"status": "OK", "accepted": n}
 
@@ -212,24 +219,32 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             failed += 1
             self.last_error = f"{type(error).__name__}: {error}"
 
-        received = len(pending)
+        received = self.pending_events
+        self.pending_events = 0
+        parts: list[EventColumns] = []  # runs of events, applied together
+        events: list[tuple] = []
         while pending:
             item = pending.popleft()
-            if item[0] is _TASK:
+            if isinstance(item, EventColumns):
+                if events:
+                    parts.append(EventColumns.from_events(events))
+                    events = []
+                parts.append(item)
+            elif item[0] is _TASK:
                 try:
                     events.append(self._compute_event(item))
                 except Exception as error:
                     refuse(item, error)
             elif item[0] == "lost":  # a worker left: what it held is gone
-                builder.apply_many(events, now, on_error=refuse)
-                events = []
+                self._apply_parts(parts, events, now, refuse)
+                parts, events = [], []
                 try:
                     builder.lose(item[1], item[2])
                 except Exception as error:
                     refuse(item, error)
             else:
                 events.append(item)
-        builder.apply_many(events, now, on_error=refuse)
+        self._apply_parts(parts, events, now, refuse)
         applied = received - failed
         builder.resolve_parked(None if final else now - self.park_timeout)
         # Spool only when it frees room: data workers still hold stays referenced.
@@ -239,6 +254,16 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.counts["events_applied"] += applied
         self.counts["events_failed"] += failed
         self.seconds["apply"] += time.perf_counter() - started
+
+    def _apply_parts(self, parts: list[EventColumns], events: list[tuple], now: float,
+                     refuse: Any) -> None:
+        """Apply batches received in columns, then ``events``, as one run."""
+        if not parts:
+            self.builder.apply_many(events, now, on_error=refuse)
+            return
+        if events:
+            parts.append(EventColumns.from_events(events))
+        self.builder.apply_columns(EventColumns.concat(parts), now, on_error=refuse)
 
     def _spool(self) -> None:
         """Write the graph so far to the spool directory and go on in a new segment.
@@ -329,7 +354,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             **self.counts,
             "seconds_receiving": self.seconds["receive"],
             "seconds_applying": self.seconds["apply"],
-            "events_pending": len(self.pending),
+            "events_pending": self.pending_events,
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,

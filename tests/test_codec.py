@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,6 +43,24 @@ def test_round_trip(batch, source, seq):
     decoded = decode_batch(encode_batch(batch, source, seq))
     assert (decoded.source, decoded.seq) == (source, seq)
     assert decoded.events == batch
+    rows = decode_batch(packed({"v": 1, "source": source, "seq": seq,
+                                "events": [list(e) for e in batch]}))
+    assert rows.events == batch
+
+
+def test_plain_events_travel_in_columns_and_the_rest_whole():
+    plain = [("compute", "y", "w", 3, 1.0, 2.0, 8, ("x",), -1, "inc", None, None, None, None,
+              None), ("transfer", "y", "memory@w", "memory@v", 2.0, 3.0, None),
+             ("delete", "y", "memory@w", 4.0)]
+    odd = [("root", 0.5, "graph"),
+           ("compute", "z", "w", None, 1.0, 2.0, 8, (), -1, None, None, "MERGE", None, None,
+            None)]
+    message = msgpack.unpackb(encode_batch(odd[:1] + plain + odd[1:]))
+    assert message["v"] == 2
+    assert {"y", "w", "memory@w", "memory@v", "x", "inc"} <= set(message["strings"])
+    assert len(message["strings"]) == len(set(message["strings"]))
+    assert list(message["columns"]["kind"]) == [3, 0, 1, 2, 3]
+    assert [i for i, _ in message["others"]] == [0, 4]
 
 
 def good_event():
@@ -65,7 +84,8 @@ MALFORMED = {
     "not a map": (packed([1, 2, 3]), "must be a map"),
     "missing field": (packed({"v": 1, "source": "w", "events": []}), "has the fields"),
     "extra field": (batch_of(extra=1), "has the fields"),
-    "wrong version": (batch_of(v=2), "unsupported batch version 2"),
+    "wrong version": (batch_of(v=3), "unsupported batch version 3"),
+    "boolean version": (batch_of(v=True), "unsupported batch version True"),
     "source not a string": (batch_of(source=3), "'source' must be a string"),
     "seq not an integer": (batch_of(seq="x"), "'seq' must be an integer"),
     "events not an array": (batch_of(events={"a": 1}), "'events' must be an array"),
@@ -89,9 +109,65 @@ MALFORMED = {
         batch_of(["compute", "y", "w", 1, 0.0, 1.0, 8, [], -1, None, None, "TELEPORT", None,
                   None, None]),
         "unknown mutation kind"),
-    "binary blob": (batch_of(["delete", b"\x00" * 10, "a", 1.0]), "not valid msgpack"),
+    "binary key": (batch_of(["delete", b"\x00" * 10, "a", 1.0]), "field 'key': expected a string"),
     "oversize": (b"\x90" * (MAX_BATCH_BYTES + 1), "exceeds the limit"),
     "huge array header": (b"\xdd\xff\xff\xff\xff", "not valid msgpack"),
+}
+
+
+def columns_of(*events, **changes) -> bytes:
+    """A version 2 batch of ``events`` with some of its parts replaced."""
+    message = msgpack.unpackb(encode_batch(events))
+    for name, value in changes.items():
+        if name in message["columns"]:
+            message["columns"][name] = value
+        else:
+            message[name] = value
+    return packed(message)
+
+
+COMPUTE = ("compute", "y", "w", 3, 1.0, 2.0, 8, ("x",), -1, "inc", None, None, None, None, None)
+TRANSFER = ("transfer", "x", "memory@a", "memory@b", 1.0, 2.0, 10)
+DELETE = ("delete", "x", "memory@a", 3.0)
+
+
+def i4(*values: int) -> bytes:
+    return np.array(values, "<i4").tobytes()
+
+
+def f8(*values: float) -> bytes:
+    return np.array(values, "<f8").tobytes()
+
+
+MALFORMED |= {
+    "v2 missing columns": (columns_of(TRANSFER, columns={}), "'columns' must map"),
+    "v2 rows field": (columns_of(TRANSFER, events=[]), "version 2 batch has the fields"),
+    "v2 strings not strings": (columns_of(TRANSFER, strings=[1, 2, 3]),
+                               "'strings' must be an array of strings"),
+    "v2 column not bytes": (columns_of(TRANSFER, key=[0]), "column 'key' must be bytes"),
+    "v2 ragged column": (columns_of(TRANSFER, key=b"\x00\x00\x00"), "column 'key' must be"),
+    "v2 short column": (columns_of(TRANSFER, DELETE, start=f8(1.0)),
+                        "column 'start' has 1 values for 2 events"),
+    "v2 unknown kind": (columns_of(TRANSFER, kind=b"\x07"), "kind.*expected 0 to 3"),
+    "v2 string out of range": (columns_of(TRANSFER, key=i4(99)),
+                               "column 'key': expected an index of a string"),
+    "v2 negative index": (columns_of(TRANSFER, location=i4(-5)), "column 'location'"),
+    "v2 input out of range": (columns_of(COMPUTE, inputs=i4(1000)),
+                              "event 0 \\(compute\\) column 'inputs'"),
+    "v2 inputs miscounted": (columns_of(COMPUTE, inputs=i4(0, 0)), "input_count says 1"),
+    "v2 nan time": (columns_of(DELETE, start=f8(math.nan), stop=f8(math.nan)),
+                    "expected finite times"),
+    "v2 reversed times": (columns_of(TRANSFER, stop=f8(0.5)), "stop is before start"),
+    "v2 negative size": (columns_of(COMPUTE, nbytes=np.array([-8], "<i8").tobytes()),
+                         "column 'nbytes'"),
+    "v2 release with a source": (columns_of(DELETE, source=i4(0)), "only a transfer has"),
+    "v2 other without its event": (columns_of(DELETE, kind=b"\x03"),
+                                   "exactly the events of kind 3"),
+    "v2 bad other": (columns_of(("root", 1.0, "g"), others=[[0, ["root", "noon", "g"]]]),
+                     "event 0 \\(root\\) field 'time'"),
+    "v2 others twice": (columns_of(("root", 1.0, "g"),
+                                   others=[[0, ["root", 1.0, "g"]], [0, ["root", 1.0, "g"]]]),
+                        "\\[position, event\\] pairs"),
 }
 
 

@@ -169,15 +169,19 @@ class EventColumns:
         """One batch of the events of ``parts``, in order, with one string table."""
         if len(parts) == 1:
             return parts[0]
+        # One probe per string of each part: a new string keeps the number the
+        # counter gave it on arrival, which ``dense`` turns into its index.
         table: dict[str, int] = {}
+        counter = count()
+        arrivals = [np.fromiter(map(table.setdefault, part.strings, counter), np.int64,
+                                len(part.strings)) for part in parts]
+        dense = np.zeros(sum(map(len, arrivals)) + 1, np.int64)
+        dense[np.fromiter(table.values(), np.int64, len(table))] = np.arange(len(table))
         remapped: dict[str, list[np.ndarray]] = {name: [] for name in COLUMNS}
         others: dict[int, Any] = {}
         offset = 0
-        for part in parts:
-            setdefault = table.setdefault
-            remap = np.fromiter((setdefault(s, len(table)) for s in part.strings), np.int64,
-                                len(part.strings))
-            remap = np.append(remap, NONE)  # -1 stays -1
+        for part, arrival in zip(parts, arrivals):
+            remap = np.append(dense[arrival], NONE)  # -1 stays -1
             for name in COLUMNS:
                 column = getattr(part, name)
                 remapped[name].append(remap[column] if name in _STRING_COLUMNS else column)
@@ -247,14 +251,16 @@ def _encode(events: list) -> EventColumns:
 
     # Every string, in one table: required ones must be strings, optional
     # ones strings or None.
-    required = [field(np.arange(n)[kind != OTHER], 1), field(ci, 2), field(ti, 3),
-                field(di, 2), field(ti, 2), list(chain.from_iterable(c_inputs))]
+    keys = field(np.arange(n)[kind != OTHER], 1)
+    inputs = list(chain.from_iterable(c_inputs))
+    places = [field(ci, 2), field(ti, 3), field(di, 2), field(ti, 2)]
     maybe = {"label": field(ci, 9), "group": field(ci, 10), "origin": field(ci, 13)}
-    texts = list(chain.from_iterable([*required, *maybe.values()]))
-    strings, codes = _factorize_strings(texts)
-    sizes = [len(part) for part in [*required, *maybe.values()]]
-    (key_, c_worker, t_target, d_location, t_source, inputs, label, group,
-     origin) = np.split(codes, np.cumsum(sizes)[:-1])
+    strings, key_codes, name_codes = _string_table(
+        keys + inputs, list(chain.from_iterable([*places, *maybe.values()])))
+    key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
+    sizes = [len(part) for part in [*places, *maybe.values()]]
+    c_worker, t_target, d_location, t_source, label, group, origin = np.split(
+        name_codes, np.cumsum(sizes)[:-1])
     plain = np.flatnonzero(kind != OTHER)
     key = np.full(n, NONE, np.int64)
     key[plain] = key_
@@ -286,34 +292,58 @@ def _encode(events: list) -> EventColumns:
                         others=original, **columns)
 
 
-def _factorize_strings(texts: list) -> tuple[list[str], np.ndarray]:
-    """The distinct strings of ``texts`` in order of first use, and each one's index.
+def _string_table(keys: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """One table of the distinct strings of ``keys`` and ``names``, and their indices in it.
 
-    ``None`` and anything not a string get ``-1``.  One dictionary probe per
-    value: the dominant cost of encoding.
+    ``None`` and anything not a string get ``-1``.  Keys are many, names
+    (locations, labels) few: each kind has its own dictionary, so the small
+    one stays in the processor's cache; their distinct values are merged
+    after.  One dictionary probe per value is the dominant cost of encoding.
     """
-    def first_uses(texts: list) -> tuple[dict, np.ndarray]:
+    key_table, key_first = _first_uses(keys)
+    name_table, name_first = _first_uses(names)
+    # A key's index is the rank of its first use among the distinct keys.
+    key_rank = np.zeros(len(keys) + 1, np.int64)
+    key_rank[np.fromiter(key_table.values(), np.int64, len(key_table))] = np.arange(
+        len(key_table))
+    strings = list(key_table)
+    name_index = np.empty(len(name_table), np.int64)
+    for i, name in enumerate(name_table):
+        arrival = key_table.get(name)
+        if arrival is None:
+            name_index[i] = len(strings)
+            strings.append(name)
+        else:
+            name_index[i] = key_rank[arrival]
+    name_rank = np.zeros(len(names) + 1, np.int64)
+    name_rank[np.fromiter(name_table.values(), np.int64, len(name_table))] = name_index
+    key_codes = np.where(key_first >= 0, key_rank[key_first], NONE)
+    name_codes = np.where(name_first >= 0, name_rank[name_first], NONE)
+    types = list(map(type, strings))
+    if types.count(str) == len(types):
+        return strings, key_codes, name_codes
+    is_text = np.fromiter((t is str for t in types), bool, len(types))
+    index = np.full(len(strings) + 1, NONE, np.int64)  # the last one for None
+    index[:-1][is_text] = np.arange(int(is_text.sum()))
+    return ([u for u, text in zip(strings, is_text.tolist()) if text], index[key_codes],
+            index[name_codes])
+
+
+def _first_uses(values: list) -> tuple[dict, np.ndarray]:
+    """A table of the distinct values, each with the number of its first use; every value's.
+
+    ``None`` gets ``-1``; an unhashable value is replaced by :class:`_Unhashable`.
+    """
+    def probe(values: list) -> tuple[dict, np.ndarray]:
         table: dict = {None: NONE}
-        return table, np.fromiter(map(table.setdefault, texts, count()), np.int64, len(texts))
+        first = np.fromiter(map(table.setdefault, values, count()), np.int64, len(values))
+        del table[None]
+        return table, first
 
     try:
-        table, first = first_uses(texts)
+        return probe(values)
     except TypeError:  # unhashable values: they and their events go one by one
-        table, first = first_uses([t if _hashable(t) else _Unhashable for t in texts])
-    del table[None]
-    uniques = list(table)
-    given = first >= 0
-    is_first = np.zeros(len(texts), bool)
-    is_first[first[given]] = True
-    dense = np.cumsum(is_first) - 1  # index of each first use among the distinct values
-    codes = np.where(given, dense[first], NONE)
-    types = list(map(type, uniques))
-    if types.count(str) == len(types):
-        return uniques, codes
-    is_text = np.fromiter((t is str for t in types), bool, len(types))
-    index = np.full(len(uniques) + 1, NONE, np.int64)  # the last one for None
-    index[:-1][is_text] = np.arange(int(is_text.sum()))
-    return [u for u, text in zip(uniques, is_text.tolist()) if text], index[codes]
+        return probe([v if _hashable(v) else _Unhashable for v in values])
 
 
 class _Unhashable:

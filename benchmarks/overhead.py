@@ -43,6 +43,10 @@ def add_task_stream(dask_scheduler) -> None:
     dask_scheduler.add_plugin(TaskStreamPlugin(dask_scheduler))
 
 
+#: The scheduler's own accounting of Crux's work, per run with Crux attached.
+SCHEDULER_COST: list[tuple[int, float]] = []
+
+
 def makespan(variant: str, func, n: int) -> float:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -59,11 +63,16 @@ def makespan(variant: str, func, n: int) -> float:
             stats = crux_dask.get_stats(client)
             if stats["events_failed"] or stats["hook_errors"]:
                 raise RuntimeError(f"Crux reported errors: {stats}")
+            crux_dask.flush(client)
+            stats = crux_dask.get_stats(client)
+            SCHEDULER_COST.append((stats["events_received"],
+                                   stats["seconds_receiving"] + stats["seconds_applying"]))
     return elapsed
 
 
 def compare(name: str, func, n: int, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    SCHEDULER_COST.clear()
     for i in range(repeats):
         order = VARIANTS[i % 3:] + VARIANTS[: i % 3]
         for variant in order:
@@ -78,6 +87,11 @@ def compare(name: str, func, n: int, repeats: int) -> dict[str, float]:
           f"task-stream / none = {medians['task-stream'] / base:.3f}   "
           f"crux cost / task-stream cost = "
           f"{crux_cost / stream_cost if stream_cost > 0 else float('nan'):.2f}")
+    events = sum(e for e, _ in SCHEDULER_COST)
+    seconds = sum(s for _, s in SCHEDULER_COST)
+    print(f"  scheduler time on Crux: {seconds / events * 1e6:.2f} us per event received "
+          f"({events / seconds:,.0f} events per second of it; {events // repeats:,} events "
+          "a run)")
     return medians
 
 

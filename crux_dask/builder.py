@@ -255,9 +255,12 @@ class PAGBuilder:
         crux_dask.codec.BatchError
             If the batch is malformed; then nothing of it is applied.
         """
-        columns = decode_batch(data).columns
-        self.apply_columns(columns, now)
-        return len(columns)
+        batch = decode_batch(data)
+        if batch.columns is not None:
+            self.apply_columns(batch.columns, now)
+        else:
+            self.apply_many(batch.rows, now)
+        return len(batch)
 
     def root(self, time: float, label: str = "graph") -> int:
         """A graph reached the scheduler at ``time``: create its root state."""

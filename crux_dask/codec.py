@@ -1,8 +1,9 @@
 """The wire format of event batches: versioned, validated msgpack.
 
-Two versions, both decoded:
+Two versions, both decoded; :func:`encode_batch` writes rows for a few events
+and columns for many:
 
-* **2**, what :func:`encode_batch` writes: the events in columns
+* **2**: the events in columns
   (:class:`~crux_dask.columns.EventColumns`), ``{"v": 2, "source": str,
   "seq": int, "strings": [str, ...], "columns": {name: bytes, ...},
   "others": [[position, event], ...]}``.  Each column is the little-endian
@@ -44,6 +45,8 @@ __all__ = [
 VERSION = 2
 #: Versions :func:`decode_batch` reads.
 VERSIONS = (1, 2)
+#: Events from which :func:`encode_batch` writes columns rather than rows.
+COLUMNS_FROM = 512
 #: The dtype of each column on the wire.
 WIRE_DTYPES: dict[str, str] = {
     "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
@@ -65,7 +68,7 @@ class BatchError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """A decoded batch.
+    """A decoded batch: its events as rows (version 1) or in columns (version 2).
 
     Attributes
     ----------
@@ -73,30 +76,56 @@ class Batch:
         Who sent it (a worker address).
     seq : int
         The sender's sequence number of the batch.
-    columns : EventColumns
-        The events, ready for :meth:`crux_dask.builder.PAGBuilder.apply_columns`.
+    rows : list of tuple or None
+        The events of a version 1 batch.
+    columns : EventColumns or None
+        The events of a version 2 batch.
     """
 
     source: str
     seq: int
-    columns: EventColumns
+    rows: list[tuple] | None = None
+    columns: EventColumns | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows if self.rows is not None else self.columns)
 
     @property
     def events(self) -> list[tuple]:
         """The events as tuples, for :meth:`crux_dask.builder.PAGBuilder.apply`."""
-        return self.columns.events()
+        return self.rows if self.rows is not None else self.columns.events()
 
 
-def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0) -> bytes:
-    """Pack events into one batch, in columns (version 2)."""
-    columns = EventColumns.from_events(list(events))
-    if len(columns.strings) >= 2**31:
+def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0,
+                 columns: bool | None = None) -> bytes:
+    """Pack events into one batch.
+
+    Parameters
+    ----------
+    events : iterable of tuple
+    source : str
+        Who sends it.
+    seq : int
+        The sender's sequence number of the batch.
+    columns : bool, optional
+        Columns (version 2) or rows (version 1).  By default, columns from
+        :data:`COLUMNS_FROM` events on: below that, putting events in columns
+        and reading them back costs more than it saves.
+    """
+    events = list(events)
+    if columns is None:
+        columns = len(events) >= COLUMNS_FROM
+    if not columns:
+        return msgpack.packb({"v": 1, "source": source, "seq": seq,
+                              "events": [list(e) for e in events]}, use_bin_type=True)
+    encoded = EventColumns.from_events(events)
+    if len(encoded.strings) >= 2**31:
         raise BatchError("too many distinct strings for one batch")
     return msgpack.packb({
-        "v": VERSION, "source": source, "seq": seq, "strings": columns.strings,
-        "columns": {name: np.ascontiguousarray(getattr(columns, name), dtype).tobytes()
+        "v": VERSION, "source": source, "seq": seq, "strings": encoded.strings,
+        "columns": {name: np.ascontiguousarray(getattr(encoded, name), dtype).tobytes()
                     for name, dtype in WIRE_DTYPES.items()},
-        "others": [[i, list(event)] for i, event in columns.others.items()],
+        "others": [[i, list(event)] for i, event in encoded.others.items()],
     }, use_bin_type=True)
 
 
@@ -140,9 +169,9 @@ def decode_batch(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     if not _is_int(seq):
         raise BatchError("batch field 'seq' must be an integer")
     if version == 1:
-        return Batch(source, seq, EventColumns.from_events(_rows(message["events"])))
-    return Batch(source, seq, _columns(message["strings"], message["columns"],
-                                       message["others"]))
+        return Batch(source, seq, rows=_rows(message["events"]))
+    return Batch(source, seq, columns=_columns(message["strings"], message["columns"],
+                                               message["others"]))
 
 
 def _rows(events: Any) -> list[tuple]:

@@ -97,7 +97,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.erred: dict[str, dict[str, Any]] = {}
         self.counts = dict.fromkeys(
             ["events_received", "events_from_workers", "events_applied", "events_failed",
-             "batches_received", "batches_rejected", "hook_errors", "http_accepted",
+             "batches_received", "batches_in_columns", "batches_rejected", "hook_errors",
+             "http_accepted",
              "http_rejected"], 0)
         self.seconds = {"receive": 0.0, "apply": 0.0}
         self.transitions = TransitionLog(self.max_transitions)
@@ -190,8 +191,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             self.last_error = f"batch rejected: {error}"
             logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
             return {"status": "rejected", "error": str(error)}
-        self.pending.append(decoded.columns)
-        n = len(decoded.columns)
+        if decoded.columns is not None:
+            self.pending.append(decoded.columns)
+            self.counts["batches_in_columns"] += 1
+        else:
+            self.pending.extend(decoded.rows)
+        n = len(decoded)
         self.pending_events += n
         self.counts["events_received"] += n
         self.counts["events_from_workers"] += n

@@ -120,7 +120,7 @@ def workflows(draw) -> tuple[list[tuple], list[tuple[int, str]]]:
 def over_the_wire(events: list[tuple]) -> EventColumns:
     """The columns a receiver decodes; a batch the codec refuses is applied as encoded."""
     try:
-        return decode_batch(encode_batch(events)).columns
+        return decode_batch(encode_batch(events, columns=True)).columns
     except BatchError:
         return EventColumns.from_events(events)
 

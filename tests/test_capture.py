@@ -238,8 +238,11 @@ def test_every_event_sent_is_applied_on_a_large_graph():
     assert stats["events_applied"] == stats["events_received"]
     assert stats["events_pending"] == 0 and stats["events_parked"] == 0
     assert stats["events_failed"] == 0 and stats["batches_rejected"] == 0
+    assert stats["batches_in_columns"] > 0  # the releases came in batches large enough
     m = pag.mutations
     assert m[m["kind"] == "APPEND"]["dst"].nunique() == 20_000
+    released = m[(m["kind"] == "DELETE") & m["key"].str.startswith("inc-")]
+    assert released["key"].nunique() == 20_000
     assert computed_states(pag, "total")["size"].item() > 0
 
 

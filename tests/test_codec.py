@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
-from crux_dask.codec import MAX_BATCH_BYTES
+from crux_dask.codec import COLUMNS_FROM, MAX_BATCH_BYTES
 
 texts = st.text(max_size=20)
 times = st.floats(0, 2e9, allow_nan=False)
@@ -40,12 +40,24 @@ def events(draw):
 @settings(max_examples=300)
 @given(st.lists(events(), max_size=20), texts, st.integers(0, 2**32))
 def test_round_trip(batch, source, seq):
-    decoded = decode_batch(encode_batch(batch, source, seq))
-    assert (decoded.source, decoded.seq) == (source, seq)
-    assert decoded.events == batch
-    rows = decode_batch(packed({"v": 1, "source": source, "seq": seq,
-                                "events": [list(e) for e in batch]}))
-    assert rows.events == batch
+    for columns in (True, False):
+        decoded = decode_batch(encode_batch(batch, source, seq, columns=columns))
+        assert (decoded.source, decoded.seq) == (source, seq)
+        assert decoded.events == batch
+        assert (decoded.columns is not None) == columns
+
+
+def test_a_few_events_travel_as_rows_and_many_in_columns():
+    events = [("delete", f"k{i}", "memory@w", float(i)) for i in range(COLUMNS_FROM)]
+    assert msgpack.unpackb(encode_batch(events[:-1]))["v"] == 1
+    assert msgpack.unpackb(encode_batch(events))["v"] == 2
+    builder = PAGBuilder()
+    builder.root(0.0)
+    for event in events:
+        builder.compute(event[1], "w", 1, 0.0, 0.5, 8, ())
+    assert builder.apply_batch(encode_batch(events)) == COLUMNS_FROM
+    assert builder.store.n_mutations == 2 * COLUMNS_FROM  # appended, then released
+    assert builder.n_live == 0
 
 
 def test_plain_events_travel_in_columns_and_the_rest_whole():
@@ -55,7 +67,7 @@ def test_plain_events_travel_in_columns_and_the_rest_whole():
     odd = [("root", 0.5, "graph"),
            ("compute", "z", "w", None, 1.0, 2.0, 8, (), -1, None, None, "MERGE", None, None,
             None)]
-    message = msgpack.unpackb(encode_batch(odd[:1] + plain + odd[1:]))
+    message = msgpack.unpackb(encode_batch(odd[:1] + plain + odd[1:], columns=True))
     assert message["v"] == 2
     assert {"y", "w", "memory@w", "memory@v", "x", "inc"} <= set(message["strings"])
     assert len(message["strings"]) == len(set(message["strings"]))
@@ -117,7 +129,7 @@ MALFORMED = {
 
 def columns_of(*events, **changes) -> bytes:
     """A version 2 batch of ``events`` with some of its parts replaced."""
-    message = msgpack.unpackb(encode_batch(events))
+    message = msgpack.unpackb(encode_batch(events, columns=True))
     for name, value in changes.items():
         if name in message["columns"]:
             message["columns"][name] = value

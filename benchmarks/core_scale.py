@@ -133,7 +133,9 @@ def build_from_batches(batches: list[bytes]) -> tuple[PAGBuilder, float, int]:
     before = rss()
     t0 = time.perf_counter()
     for i in range(0, len(batches), BATCHES_PER_APPLY):
-        parts = [decode_batch(data).columns for data in batches[i:i + BATCHES_PER_APPLY]]
+        decoded = [decode_batch(data) for data in batches[i:i + BATCHES_PER_APPLY]]
+        parts = [batch.columns if batch.columns is not None else  # a short last batch: rows
+                 EventColumns.from_events(batch.rows) for batch in decoded]
         builder.apply_columns(EventColumns.concat(parts))
     spent = time.perf_counter() - t0
     gc.collect()

@@ -190,8 +190,11 @@ class PAGBuilder:
         events = events if isinstance(events, list) else list(events)
         if len(events) < _WINDOW_MIN:
             self._one_by_one(events, now, on_error)
-        else:
-            self._apply_columns(EventColumns.from_events(events), events.__getitem__, now,
+            return
+        # Encoded a window's worth at a time: smaller tables stay in cache.
+        for start in range(0, len(events), _WINDOW_MAX):
+            piece = events[start:start + _WINDOW_MAX]
+            self._apply_columns(EventColumns.from_events(piece), piece.__getitem__, now,
                                 on_error)
 
     def apply_columns(self, columns: EventColumns, now: float = 0.0,

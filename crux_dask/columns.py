@@ -255,12 +255,9 @@ def _encode(events: list) -> EventColumns:
     inputs = list(chain.from_iterable(c_inputs))
     places = [field(ci, 2), field(ti, 3), field(di, 2), field(ti, 2)]
     maybe = {"label": field(ci, 9), "group": field(ci, 10), "origin": field(ci, 13)}
-    strings, key_codes, name_codes = _string_table(
-        keys + inputs, list(chain.from_iterable([*places, *maybe.values()])))
+    strings, key_codes, name_codes = _string_table(keys + inputs, [*places, *maybe.values()])
     key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
-    sizes = [len(part) for part in [*places, *maybe.values()]]
-    c_worker, t_target, d_location, t_source, label, group, origin = np.split(
-        name_codes, np.cumsum(sizes)[:-1])
+    c_worker, t_target, d_location, t_source, label, group, origin = name_codes
     plain = np.flatnonzero(kind != OTHER)
     key = np.full(n, NONE, np.int64)
     key[plain] = key_
@@ -277,7 +274,7 @@ def _encode(events: list) -> EventColumns:
         column = np.full(n, NONE, np.int64)
         column[ci] = values
         missing = np.flatnonzero(values < 0)
-        if len(missing):  # None, or not a string
+        if len(missing) and maybe[name].count(None) != len(missing):  # not a string
             given = _is_not_none(list(map(maybe[name].__getitem__, missing.tolist())))
             bad[ci[missing[given]]] = True
         columns[name] = column
@@ -292,16 +289,20 @@ def _encode(events: list) -> EventColumns:
                         others=original, **columns)
 
 
-def _string_table(keys: list, names: list) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """One table of the distinct strings of ``keys`` and ``names``, and their indices in it.
+def _string_table(keys: list, names: list[list]) -> tuple[list[str], np.ndarray,
+                                                          list[np.ndarray]]:
+    """One table of the distinct strings of ``keys`` and of the columns of ``names``.
 
-    ``None`` and anything not a string get ``-1``.  Keys are many, names
-    (locations, labels) few: each kind has its own dictionary, so the small
-    one stays in the processor's cache; their distinct values are merged
-    after.  One dictionary probe per value is the dominant cost of encoding.
+    Returns the table, the index of each key in it and, for each column of
+    names, the index of each name.  ``None`` and anything not a string get
+    ``-1``.  Keys are many, names (locations, labels) few: each kind has its
+    own dictionary, so the small one stays in the processor's cache, and a
+    column of nothing but ``None`` is not looked at.  One dictionary probe per
+    value is the dominant cost of encoding.
     """
+    given = [column for column in names if column.count(None) != len(column)]
     key_table, key_first = _first_uses(keys)
-    name_table, name_first = _first_uses(names)
+    name_table, name_first = _first_uses(list(chain.from_iterable(given)))
     # A key's index is the rank of its first use among the distinct keys.
     key_rank = np.zeros(len(keys) + 1, np.int64)
     key_rank[np.fromiter(key_table.values(), np.int64, len(key_table))] = np.arange(
@@ -315,10 +316,13 @@ def _string_table(keys: list, names: list) -> tuple[list[str], np.ndarray, np.nd
             strings.append(name)
         else:
             name_index[i] = key_rank[arrival]
-    name_rank = np.zeros(len(names) + 1, np.int64)
+    name_rank = np.zeros(len(name_first) + 1, np.int64)
     name_rank[np.fromiter(name_table.values(), np.int64, len(name_table))] = name_index
     key_codes = np.where(key_first >= 0, key_rank[key_first], NONE)
-    name_codes = np.where(name_first >= 0, name_rank[name_first], NONE)
+    codes = iter(np.split(np.where(name_first >= 0, name_rank[name_first], NONE),
+                          np.cumsum([len(column) for column in given])[:-1]))
+    name_codes = [next(codes) if column.count(None) != len(column) else
+                  np.full(len(column), NONE, np.int64) for column in names]
     types = list(map(type, strings))
     if types.count(str) == len(types):
         return strings, key_codes, name_codes
@@ -326,7 +330,7 @@ def _string_table(keys: list, names: list) -> tuple[list[str], np.ndarray, np.nd
     index = np.full(len(strings) + 1, NONE, np.int64)  # the last one for None
     index[:-1][is_text] = np.arange(int(is_text.sum()))
     return ([u for u, text in zip(strings, is_text.tolist()) if text], index[key_codes],
-            index[name_codes])
+            [index[codes] for codes in name_codes])
 
 
 def _first_uses(values: list) -> tuple[dict, np.ndarray]:

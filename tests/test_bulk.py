@@ -140,15 +140,17 @@ def run(events, breaks, how: str) -> tuple[PAGBuilder, list[tuple]]:
                 except Exception:
                     failed.append(event)
         else:  # windows from one event on, so that short sequences take them too
-            saved, builder_module._WINDOW_MIN = builder_module._WINDOW_MIN, 1
+            saved = builder_module._WINDOW_MIN, builder_module._WINDOW_MAX
+            builder_module._WINDOW_MIN = 1
             try:
-                if how == "tuples":
+                if how == "tuples":  # and tuples in pieces of 5, to cross their bounds
+                    builder_module._WINDOW_MAX = 5
                     builder.apply_many(segment, now, on_error=lambda e, _: failed.append(e))
                 else:
                     builder.apply_columns(over_the_wire(segment), now,
                                           on_error=lambda e, _: failed.append(e))
             finally:
-                builder_module._WINDOW_MIN = saved
+                builder_module._WINDOW_MIN, builder_module._WINDOW_MAX = saved
         position = at
         if action == "resolve":
             builder.resolve_parked()

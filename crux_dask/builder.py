@@ -334,7 +334,8 @@ class PAGBuilder:
         code = store.key_code(key, label, origin)
         location_code = self._location(location)
         dst = self._new_state(code, location_code, self._location_workers[location_code],
-                              NO_THREAD, size, start, stop, len(store.mutation_src) + best)
+                              NO_THREAD, size, start, stop, len(store.mutation_src) + best,
+                              sources=sources)
         for src in sources:
             self._mutation(src, dst, edge_kind, stop - start)
         self.n_applied += 1
@@ -530,6 +531,8 @@ class PAGBuilder:
                 self._live_add(key, memory, dst)
         if stop >= self._end_time:
             self.end, self._end_time = dst, stop
+        elif self.end in sources:  # made from the end: after it, whatever the clocks say
+            self.end = dst
         add_src, add_dst, add_kind, add_busy = self._add_mutation
         for src in sources:
             add_src(src)
@@ -561,7 +564,7 @@ class PAGBuilder:
             store.state_key[src], dst_loc,
             self._location_workers[src_loc] if worker == NO_CODE else worker, NO_THREAD,
             store.state_size[src] if nbytes is None else nbytes, start, stop,
-            len(store.mutation_src), store.state_ready[src] + (stop - start),
+            len(store.mutation_src), store.state_ready[src] + (stop - start), (src,),
         )
         self._mutation(src, dst, _TRANSFER, stop - start)
         self.n_applied += 1
@@ -596,7 +599,8 @@ class PAGBuilder:
 
     # -- internals ----------------------------------------------------------
     def _new_state(self, key: int, location: int, worker: int, thread: int, size: int,
-                   start: float, time: float, pred: int, ready: float | None = None) -> int:
+                   start: float, time: float, pred: int, ready: float | None = None,
+                   sources: Sequence[int] = ()) -> int:
         add_time, add_start, add_ready, add_size, add_key, add_location, add_worker, \
             add_thread, add_pred = self._add_state
         sid = len(self.store.state_time)
@@ -613,6 +617,8 @@ class PAGBuilder:
             self._live_add(self.store.keys.values[key], location, sid)
             if time >= self._end_time:
                 self.end, self._end_time = sid, time
+            elif self.end in sources:
+                self.end = sid
         return sid
 
     def _mutation(self, src: int, dst: int, kind: int, busy: float) -> None:

@@ -227,7 +227,7 @@ class _Window:
     def commit(self) -> None:
         """Append the window's states and mutations and update the builder."""
         builder, store = self.builder, self.builder.store
-        f, base, kinds = self.n, self.base, self.kinds
+        f, base = self.n, self.base
         ci, ti, di, c, t, d = self.ci, self.ti, self.di, self.c, self.t, self.d
         ids = base + np.arange(f)
         time = np.empty(f)
@@ -313,13 +313,38 @@ class _Window:
         # The builder's view of what is held where, and of the graph's end.
         self._update_held(ids)
         deque(map(builder._fanout.pop, d["src"].tolist(), repeat(None)), maxlen=0)
-        created = np.flatnonzero(kinds != DELETE)
-        if len(created):
-            latest = time[created].max()
-            if latest >= builder._end_time:
-                builder.end = int(ids[created[time[created] == latest][-1]])
-                builder._end_time = float(latest)
+        self._move_end(time, m_src, n_mutations)
         builder.n_applied += f
+
+    def _move_end(self, time: np.ndarray, m_src: np.ndarray, n_mutations: np.ndarray) -> None:
+        """Move the graph's end as the scalar path would, state after state.
+
+        A state becomes the end if it is the latest so far, or if it was made
+        from the end (it comes after it, whatever the workers' clocks say).
+        The last state that is the latest so far is where the end is after the
+        window, unless states made from it (and from them) came later.
+        """
+        builder = self.builder
+        created = np.flatnonzero(self.kinds != DELETE)
+        if not len(created):
+            return
+        times = time[created]
+        so_far = np.fmax.accumulate(np.fmax(times, builder._end_time))
+        latest = np.flatnonzero(times >= np.r_[builder._end_time, so_far[:-1]])
+        end = int(self.base + created[latest[-1]]) if len(latest) else builder.end
+        builder._end_time = float(so_far[-1])
+        event = None  # of each mutation, once needed
+        while True:  # the first state made from the end, as long as there is one
+            made = np.flatnonzero(m_src == end)
+            if not len(made):
+                break
+            if event is None:
+                event = np.repeat(np.arange(self.n), n_mutations)
+            made = event[made][self.kinds[event[made]] != DELETE]
+            if not len(made):
+                break
+            end = int(self.base + made[0])
+        builder.end = end
 
     def _convert_or_split(self, src: np.ndarray, group: np.ndarray,
                           mutation: np.ndarray) -> np.ndarray:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+import crux_dask.builder as builder_module
 from crux_dask import PAGBuilder
 
 A = "tcp://127.0.0.1:1001"
 B = "tcp://127.0.0.1:1002"
+C = "tcp://127.0.0.1:1003"
 
 
 def rows(builder: PAGBuilder):
@@ -234,3 +236,46 @@ def test_a_lost_worker_releases_everything_it_held():
     # The copy on B is still there for its consumers.
     z = b.compute("z", B, 2, 2, 3, 8, ("x",))
     assert z is not None and b.n_parked == 0
+
+
+def skewed_fan_in(rounds: int) -> list[tuple]:
+    """Rounds of eight parts on B merged into a total on A; B's clock is 5 ms ahead.
+
+    The last part of a round carries a later time than its fetch and than the
+    total made from it, and it is copied to a third worker too: only the order
+    of causes says the total is last.
+    """
+    events: list[tuple] = [("root", 0.0, "graph")]
+    for r in range(rounds):
+        t = 10.0 * r + 1.0
+        fetched = t + 0.08  # on A's clock
+        parts = [f"part-{r}-{i}" for i in range(8)]
+        for i, part in enumerate(parts):
+            stop = fetched + 0.005 if i == 7 else t + 0.01 * i  # B's clock
+            events.append(("compute", part, B, 1, stop - 0.002, stop, 8, (), -1, "part",
+                           None, None, None, None, None))
+        for part in parts:
+            events.append(("transfer", part, f"memory@{B}", f"memory@{A}", fetched - 0.001,
+                           fetched, 8))
+        events.append(("transfer", parts[7], f"memory@{B}", f"memory@{C}", fetched - 0.002,
+                       fetched - 0.001, 8))
+        events.append(("compute", f"total-{r}", A, 1, fetched, fetched + 0.0001, 8,
+                       tuple(parts), -1, "total", None, None, None, None, None))
+    return events
+
+
+@pytest.mark.parametrize("how", ["one by one", "windows"])
+def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monkeypatch):
+    events = skewed_fan_in(60)
+    b = PAGBuilder()
+    if how == "windows":  # from one event on, so that the last round takes them too
+        monkeypatch.setattr(builder_module, "_WINDOW_MIN", 1)
+        b.apply_many(events)
+    else:
+        for event in events:
+            b.apply(event)
+    states, _ = rows(b)
+    last_part = states[states["key"] == "part-59-7"]["time"].max()
+    assert last_part > states.loc[b.end, "time"]  # the clocks say the part came last
+    assert states.loc[b.end, "key"] == "total-59"
+    assert b.pag().wcp().states["key"].iloc[-1] == "total-59"

@@ -114,7 +114,7 @@ class PAGBuilder:
         self._parked: dict[tuple[str, int], list[tuple]] = {}
         self._parked_at: dict[tuple[str, int], float] = {}
         self._ready: list[tuple[str, int]] = []
-        self._resolving = False
+        self._resolving: tuple | None = None  # the event resolve_parked applies now
         self._window = _WINDOW_MIN  # events apply_many plans at once; adapts to the stream
         self._roots: set[int] = set()
         self._run_root = -1
@@ -399,31 +399,43 @@ class PAGBuilder:
     def resolve_parked(self, older_than: float | None = None) -> int:
         """Apply waiting events with the best input available; return how many.
 
+        An event waiting for data that another waiting event makes waits for
+        that event to be applied first: event times alone cannot order them,
+        as each worker's clock is converted with its own estimate of the
+        scheduler's.  The others get a stand-in for what they miss.
+
         Parameters
         ----------
         older_than : float, optional
             Only events that started waiting before this time (the ``now``
             they were applied with); all of them by default.
         """
-        resolved = 0
+        applied = self.n_applied
+        parked_total = self.n_parked_total  # events waiting again are not new waits
         while True:
-            due = [slot for slot, since in self._parked_at.items()
-                   if older_than is None or since < older_than]
-            if not due:
-                return resolved
-            events = []
-            for slot in due:
-                self._parked_at.pop(slot, None)
-                events += self._parked.pop(slot, ())
-            # Oldest first, so that a chain of waiting events resolves in order.
-            events.sort(key=_event_time)
-            for event in events:
-                self._resolving = True
-                try:
-                    self.apply(event)
-                finally:
-                    self._resolving = False
-                resolved += 1
+            waiting = []
+            for slot, since in list(self._parked_at.items()):
+                if older_than is None or since < older_than:
+                    del self._parked_at[slot]
+                    waiting += [(slot, since, event) for event in self._parked.pop(slot, ())]
+            if not waiting:
+                break
+            waiting.sort(key=lambda item: _event_time(item[2]))
+            made = {event[1] for _, _, event in waiting if event[0] in ("compute", "transfer")}
+            stand_ins = [event for (key, _), _, event in waiting if key not in made]
+            # Waiting for each other all round: the oldest goes first.
+            chosen = {id(event) for event in stand_ins or [waiting[0][2]]}
+            for _, since, event in waiting:  # oldest first, so that chains resolve in order
+                if id(event) in chosen:
+                    self._resolving = event
+                    try:
+                        self.apply(event)
+                    finally:
+                        self._resolving = None
+                else:  # applied, or waits again
+                    self.apply(event, since)
+        self.n_parked_total = parked_total
+        return self.n_applied - applied
 
     def pag(self) -> PAG:
         """The graph so far, as a :class:`~crux_dask.pag.PAG` (shares the store)."""
@@ -645,15 +657,21 @@ class PAGBuilder:
         """``sid`` is now where ``key`` lives at ``location`` (and its newest copy)."""
         previous = self._live.get(key)
         self._live[key] = sid
-        if previous is not None:
+        copies = self._copies.get(key)
+        if previous is not None and previous != sid:
             previous_location = self.store.state_location[previous]
-            copies = self._copies.get(key)
             if previous_location != location:
                 if copies is None:
                     copies = self._copies[key] = {}
                 copies[previous_location] = previous
-            if copies:
-                copies.pop(location, None)
+        if location != self.store.state_location[sid]:
+            # Held here too, though made at another location (a task that wrote
+            # a file and returned its result to memory).
+            if copies is None:
+                copies = self._copies[key] = {}
+            copies[location] = sid
+        elif copies:
+            copies.pop(location, None)
         if self._parked and (key, location) in self._parked:
             self._ready.append((key, location))
 
@@ -665,7 +683,10 @@ class PAGBuilder:
         copies = self._copies.get(key)
         if self.store.state_location[src] == location:
             if copies:  # the newest other copy takes over
-                self._live[key] = copies.popitem()[1]
+                held_at, newest = copies.popitem()
+                self._live[key] = newest
+                if self.store.state_location[newest] != held_at:
+                    copies[held_at] = newest  # still held there, under another location
                 if not copies:
                     del self._copies[key]
             else:
@@ -739,7 +760,7 @@ class PAGBuilder:
         store = self.store
         where = store.locations.values[location]
         awaited = where.startswith(_AWAITED)
-        if awaited and not self._resolving:
+        if awaited and self._resolving is not event:
             slot = (key, location)
             self._parked.setdefault(slot, []).append(event)
             self._parked_at.setdefault(slot, now)

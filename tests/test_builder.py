@@ -180,6 +180,22 @@ def test_annotations_override_kind_label_and_location():
     assert mutations.iloc[-1]["kind"] == "APPEND"
 
 
+def test_a_task_that_wrote_a_file_is_in_its_workers_memory_too():
+    b = PAGBuilder()
+    b.root(0.0)
+    out = b.compute("write-x", A, 1, 0, 1, 8, (), label="out.nc", kind="APPEND",
+                    location="file@node1:/out.nc")
+    use = b.compute("read-x", A, 1, 1, 2, 8, ("write-x",))  # same worker: from memory
+    assert use is not None and b.n_parked_total == 0
+    fetched = b.transfer("write-x", f"memory@{A}", f"memory@{B}", 2, 3, 8)
+    _, mutations = rows(b)
+    assert mutations.set_index("dst").loc[[use, fetched], "src"].tolist() == [out, out]
+    gone = b.delete("write-x", f"memory@{A}", 4)  # the file stays
+    assert rows(b)[1].set_index("dst").loc[gone, "src"] == out
+    assert b.compute("again", B, 1, 4, 5, 8, ("write-x",)) is not None
+    assert b.n_parked_total == 0
+
+
 def test_unknown_event_kinds_are_refused():
     with pytest.raises(ValueError, match="unknown event kind 'explode'"):
         PAGBuilder().apply(("explode", 1))
@@ -221,6 +237,24 @@ def test_forced_resolution_follows_event_time_so_chains_resolve():
     path = b.pag().wcp()
     assert path.states["key"].tolist()[-3:] == ["x", "x", "y"]
     assert path.mutations["kind"].tolist()[-2:] == ["TRANSFER", "CONVERT"]
+
+
+def test_a_waiting_event_waits_for_a_waiting_maker_whatever_the_clocks_say():
+    b = PAGBuilder()
+    b.root(0.0)
+    # x's input is never reported, so x waits; y needs x and waits too.  y's
+    # clock puts it before x, but only x can make what y needs.
+    b.compute("x", A, 1, 0.0, 2.0, 8, ("w",), now=1.0)
+    b.compute("y", A, 1, 1.9, 1.95, 8, ("x",), now=1.0)
+    assert b.n_parked == 2
+    assert b.resolve_parked() == 2
+    states, mutations = rows(b)
+    y = states.index[states["key"] == "y"].item()
+    (src,) = mutations[mutations["dst"] == y]["src"]
+    assert states.loc[src, "key"] == "x"  # the real x, not a stand-in
+    (made_from,) = mutations[mutations["dst"] == src]["src"]
+    assert states.loc[made_from, "key"] == "w"  # only w was stood in for
+    assert b.n_parked_total == 2
 
 
 def test_a_lost_worker_releases_everything_it_held():

@@ -49,8 +49,11 @@ def test_mpi_jobs_split_and_merge(client, tmp_path):
     result = run_case("generic", SimConfig(scratch=str(tmp_path), scale=0.2), client=client)
     m = result.pag.mutations
     ranks = m[m["key"].str.match(r"rank-\d+$")]
-    assert set(ranks["kind"]) == {"SPLIT"} and len(ranks) == SimConfig().ranks
-    gather = m[m["key"] == "gather"]
+    made = ranks[ranks["kind"] != "DELETE"]
+    assert set(made["kind"]) == {"SPLIT"} and len(made) == SimConfig().ranks
+    released = ranks[ranks["kind"] == "DELETE"]  # once gathered
+    assert sorted(released["src"]) == sorted(made["dst"])
+    gather = m[(m["key"] == "gather") & (m["kind"] != "DELETE")]
     assert set(gather["kind"]) == {"MERGE"} and len(gather) == SimConfig().ranks
     files = result.pag.states[result.pag.states["location"].str.startswith("file@")]
     assert {"input.dat", "viz.png"} <= set(files["label"])
@@ -76,6 +79,19 @@ def test_moving_the_slowest_rank_moves_the_critical_path(seed, client, tmp_path)
     keys = result.path.states["key"].tolist()
     assert slowest in keys
     assert not [k for k in keys if k.startswith("rank-") and k != slowest]
+
+
+def test_the_slowest_rank_is_on_the_path_with_worker_processes(tmp_path):
+    # Each worker process converts its clock with its own estimate of the
+    # scheduler's: the path must not depend on which estimate is better.
+    config = SimConfig(scratch=str(tmp_path), scale=0.6, seed=5)
+    slowest = f"rank-{config.slowest_rank():03d}"
+    with LocalCluster(n_workers=2, threads_per_worker=24, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        result = run_case("generic", config, client=c)
+    keys = result.path.states["key"].tolist()
+    assert [k for k in keys if k.startswith("rank-")] == [slowest]
+    assert keys[-1] == result.case.critical[-1]
 
 
 def test_checkpoint_transfer_becomes_critical_only_when_slow(client, tmp_path):

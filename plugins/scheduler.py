@@ -98,8 +98,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.counts = dict.fromkeys(
             ["events_received", "events_from_workers", "events_applied", "events_failed",
              "batches_received", "batches_in_columns", "batches_rejected", "hook_errors",
-             "http_accepted",
-             "http_rejected"], 0)
+             "http_accepted", "http_rejected"], 0)
         self.seconds = {"receive": 0.0, "apply": 0.0}
         self.transitions = TransitionLog(self.max_transitions)
         self.last_error: str | None = None

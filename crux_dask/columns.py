@@ -159,10 +159,11 @@ class EventColumns:
             return _encode(events)
         except Exception:  # something hostile in there: keep everything whole
             n = len(events)
-            empty = np.full(n, NONE, np.int64)
-            return cls([], np.full(n, OTHER, np.int8), empty, empty, empty,
-                       np.zeros(n), np.zeros(n), empty, empty, empty, empty, empty, empty,
-                       np.zeros(n, np.int64), np.zeros(0, np.int64), dict(enumerate(events)))
+            columns = {name: np.full(n, NONE, np.int64) for name in COLUMNS}
+            columns.update(kind=np.full(n, OTHER, np.int8), start=np.zeros(n),
+                           stop=np.zeros(n), input_count=np.zeros(n, np.int64),
+                           inputs=np.zeros(0, np.int64))
+            return cls([], **columns, others=dict(enumerate(events)))
 
     @classmethod
     def concat(cls, parts: list[EventColumns]) -> EventColumns:
@@ -251,14 +252,14 @@ def _encode(events: list) -> EventColumns:
 
     # Every string, in one table: required ones must be strings, optional
     # ones strings or None.
-    keys = field(np.arange(n)[kind != OTHER], 1)
+    plain = np.flatnonzero(kind != OTHER)
+    keys = field(plain, 1)
     inputs = list(chain.from_iterable(c_inputs))
     places = [field(ci, 2), field(ti, 3), field(di, 2), field(ti, 2)]
     maybe = {"label": field(ci, 9), "group": field(ci, 10), "origin": field(ci, 13)}
     strings, key_codes, name_codes = _string_table(keys + inputs, [*places, *maybe.values()])
     key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
     c_worker, t_target, d_location, t_source, label, group, origin = name_codes
-    plain = np.flatnonzero(kind != OTHER)
     key = np.full(n, NONE, np.int64)
     key[plain] = key_
     location = np.full(n, NONE, np.int64)
@@ -300,7 +301,8 @@ def _string_table(keys: list, names: list[list]) -> tuple[list[str], np.ndarray,
     column of nothing but ``None`` is not looked at.  One dictionary probe per
     value is the dominant cost of encoding.
     """
-    given = [column for column in names if column.count(None) != len(column)]
+    has = [column.count(None) != len(column) for column in names]
+    given = [column for column, any_given in zip(names, has) if any_given]
     key_table, key_first = _first_uses(keys)
     name_table, name_first = _first_uses(list(chain.from_iterable(given)))
     # A key's index is the rank of its first use among the distinct keys.
@@ -321,8 +323,8 @@ def _string_table(keys: list, names: list[list]) -> tuple[list[str], np.ndarray,
     key_codes = np.where(key_first >= 0, key_rank[key_first], NONE)
     codes = iter(np.split(np.where(name_first >= 0, name_rank[name_first], NONE),
                           np.cumsum([len(column) for column in given])[:-1]))
-    name_codes = [next(codes) if column.count(None) != len(column) else
-                  np.full(len(column), NONE, np.int64) for column in names]
+    name_codes = [next(codes) if any_given else np.full(len(column), NONE, np.int64)
+                  for column, any_given in zip(names, has)]
     types = list(map(type, strings))
     if types.count(str) == len(types):
         return strings, key_codes, name_codes

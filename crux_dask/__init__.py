@@ -7,49 +7,45 @@ reached lazily through the functions below.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
-
-from crux_dask.builder import PAGBuilder
-from crux_dask.codec import BatchError, decode_batch, encode_batch
-from crux_dask.pag import PAG
-from crux_dask.provenance import ProvenanceError
-from crux_dask.provenance import read_dataset as read_parquet
-from crux_dask.schema import MutationKind
-from crux_dask.store import PAGStore
-from crux_dask.wcp import CriticalPath
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PAG",
-    "BatchError",
-    "CriticalPath",
-    "MutationKind",
-    "PAGBuilder",
-    "PAGStore",
-    "ProvenanceError",
-    "attach",
-    "crux_report",
-    "decode_batch",
-    "encode_batch",
-    "export_parquet",
-    "flush",
-    "get_pag",
-    "get_stats",
-    "get_wcp",
-    "read_parquet",
-]
+#: Public names and the module each lives in, imported when first used, so
+#: that a worker importing what it sends never loads the builder or pandas.
+_EXPORTS = {
+    "PAG": "crux_dask.pag",
+    "BatchError": "crux_dask.codec",
+    "decode_batch": "crux_dask.codec",
+    "encode_batch": "crux_dask.codec",
+    "CriticalPath": "crux_dask.wcp",
+    "MutationKind": "crux_dask.model",
+    "PAGBuilder": "crux_dask.build.builder",
+    "PAGStore": "crux_dask.store",
+    "ProvenanceError": "crux_dask.provenance",
+    "read_parquet": "crux_dask.provenance",
+    "crux_report": "crux_dask.dashboard.report",
+    "attach": "crux_dask.plugins.api",
+    "get_pag": "crux_dask.plugins.api",
+    "get_wcp": "crux_dask.plugins.api",
+    "get_stats": "crux_dask.plugins.api",
+    "flush": "crux_dask.plugins.api",
+    "export_parquet": "crux_dask.plugins.api",
+}
+_RENAMED = {"read_parquet": "read_dataset"}
 
-_CLUSTER_API = {"attach", "get_pag", "get_wcp", "get_stats", "flush", "export_parquet"}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "crux_report":
-        from crux_dask.dashboard.report import crux_report
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'crux_dask' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
 
-        return crux_report
-    if name in _CLUSTER_API:
-        from crux_dask.plugins import api
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'crux_dask' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

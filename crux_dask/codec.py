@@ -13,7 +13,7 @@ and columns for many:
   creating an object per event, and looks each distinct string up once.
 * **1**, rows: ``{"v": 1, "source": str, "seq": int, "events": [...]}`` whose
   events are arrays ``[kind, field, ...]`` with the fields of
-  :data:`crux_dask.schema.EVENT_KINDS`: the simplest form to write by hand.
+  :data:`crux_dask.model.EVENT_KINDS`: the simplest form to write by hand.
 
 :func:`decode_batch` checks everything before returning anything, so a bad
 batch is rejected whole with one :class:`BatchError` and whatever was recorded
@@ -31,7 +31,7 @@ import msgpack
 import numpy as np
 
 from crux_dask.columns import COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
-from crux_dask.schema import EVENT_KINDS, MutationKind
+from crux_dask.model import EVENT_KINDS, MutationKind
 
 __all__ = [
     "MAX_BATCH_BYTES",
@@ -92,7 +92,7 @@ class Batch:
 
     @property
     def events(self) -> list[tuple]:
-        """The events as tuples, for :meth:`crux_dask.builder.PAGBuilder.apply`."""
+        """The events as tuples, for :meth:`crux_dask.build.builder.PAGBuilder.apply`."""
         return self.rows if self.rows is not None else self.columns.events()
 
 

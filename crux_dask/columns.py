@@ -121,7 +121,7 @@ class EventColumns:
 
     # -- back to tuples ---------------------------------------------------------
     def event(self, i: int) -> tuple:
-        """Event ``i`` as the tuple :meth:`crux_dask.builder.PAGBuilder.apply` takes."""
+        """Event ``i`` as the tuple :meth:`crux_dask.build.builder.PAGBuilder.apply` takes."""
         kind = int(self.kind[i])
         if kind == OTHER:
             return self.others[i]

@@ -7,7 +7,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from crux_dask.schema import MUTATION_COLUMNS, ROOT, STATE_COLUMNS, MutationKind
+from crux_dask.model import MUTATION_COLUMNS, ROOT, STATE_COLUMNS, MutationKind
 from crux_dask.store import NO_THREAD, PAGStore, StringTable
 from crux_dask.wcp import CriticalPath, critical_path
 

@@ -15,7 +15,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from crux_dask.schema import MUTATION_COLUMNS, STATE_COLUMNS, MutationKind
+from crux_dask.model import MUTATION_COLUMNS, STATE_COLUMNS, MutationKind
 
 __all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable"]
 
@@ -95,7 +95,7 @@ class PAGStore:
     for none).
 
     Per mutation: ``src``, ``dst`` (state ids), ``kind``
-    (:class:`~crux_dask.schema.MutationKind` value) and ``busy``.  A
+    (:class:`~crux_dask.model.MutationKind` value) and ``busy``.  A
     mutation is part of the operation that created its target, so its
     ``start``/``stop`` are the target's ``start``/``time``, and its ``cost``,
     ``key``, ``worker`` and ``thread`` are derived from its endpoints.

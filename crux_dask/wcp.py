@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from crux_dask.schema import MutationKind, location_class
+from crux_dask.model import MutationKind, location_class
 from crux_dask.store import PAGStore
 
 __all__ = ["METHODS", "CriticalPath", "critical_path", "longest_path", "observed_path"]

@@ -208,7 +208,7 @@ class MutationsHandler(CruxHandler):
         ids = np.arange(store.n_mutations)
         kind = self.get_argument("kind", None)
         if kind is not None:
-            from crux_dask.schema import MutationKind
+            from crux_dask.model import MutationKind
 
             try:
                 code = int(MutationKind.parse(kind))
@@ -227,7 +227,7 @@ class MutationWriteHandler(StatesHandler):
         self.fail(405, "use POST to add a mutation; GET /mutations lists them")
 
     def post(self, kind: str) -> None:
-        from crux_dask.schema import MutationKind
+        from crux_dask.model import MutationKind
 
         try:
             MutationKind.parse(kind)

@@ -16,7 +16,7 @@ from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
 from bokeh.plotting import figure
 
 from crux_dask.dashboard.data import Component, GraphView, Source
-from crux_dask.schema import location_class
+from crux_dask.model import location_class
 
 CLASSES = ["root", "client", "file", "disk", "memory"]
 _CLASS_CODE = {name: i for i, name in enumerate(CLASSES)}

@@ -10,7 +10,7 @@ from bokeh.plotting import figure
 from bokeh.transform import dodge
 
 from crux_dask.dashboard.data import Component, GraphView, Source
-from crux_dask.schema import MutationKind
+from crux_dask.model import MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in MutationKind], Category10[6]))
 COLUMNS = ("lane", "left", "right", "wait_left", "kind", "color", "key", "label", "size",

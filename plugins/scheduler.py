@@ -18,7 +18,7 @@ import pandas as pd
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from crux_dask.builder import PAGBuilder
+from crux_dask.build.builder import PAGBuilder
 from crux_dask.codec import BatchError, decode_batch
 from crux_dask.columns import EventColumns
 from crux_dask.plugins import config

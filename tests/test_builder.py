@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import crux_dask.builder as builder_module
+import crux_dask.build.builder as builder_module
 from crux_dask import PAGBuilder
 
 A = "tcp://127.0.0.1:1001"
@@ -204,7 +204,7 @@ def test_unknown_event_kinds_are_refused():
 def test_task_prefixes_follow_dask_key_split():
     from dask.utils import key_split
 
-    from crux_dask.builder import _prefix
+    from crux_dask.build.builder import _prefix
 
     for key in ["inc-abc123", "('x-3f2a1b7c9d0e', 0, 1)", "('rechunk-merge-abc', 1)",
                 "finalize-0123456789abcdef0123456789abcdef", "hello-world-1",

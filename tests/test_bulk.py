@@ -9,7 +9,7 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import crux_dask.builder as builder_module
+import crux_dask.build.builder as builder_module
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
 from crux_dask.columns import EventColumns
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from crux_dask import PAG, PAGBuilder
-from crux_dask.schema import MUTATION_COLUMNS, STATE_COLUMNS
+from crux_dask.model import MUTATION_COLUMNS, STATE_COLUMNS
 
 A, B = "tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"
 

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
-from crux_dask.schema import MutationKind
+from crux_dask.model import MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
-    from crux_dask.builder import PAGBuilder
+    from crux_dask.build.builder import PAGBuilder
 
 __all__ = ["apply_window"]
 
@@ -179,7 +179,7 @@ class _Window:
         labels = store.labels.codes.get
         label = columns.label[at]
         if (label < 0).any():  # no label given: the key's prefix, as the scalar path does
-            from crux_dask.builder import _prefix
+            from crux_dask.build.builder import _prefix
 
             names = columns.strings
             text = [_prefix(k) if i < 0 else names[i] for k, i in zip(keys, label.tolist())]

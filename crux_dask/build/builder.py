@@ -21,7 +21,7 @@ Events are plain tuples ``(kind, *fields)`` with the fields of
 :data:`EVENT_KINDS`, or the same events in columns
 (:class:`~crux_dask.columns.EventColumns`, what the wire format carries).  This
 module applies them one by one; :meth:`PAGBuilder.apply_columns` hands runs of
-routine events to :mod:`crux_dask.bulk`, which applies a window of them at once
+routine events to :mod:`crux_dask.build.window`, which applies a window of them at once
 with the same result.
 """
 
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crux_dask.bulk import apply_window
+from crux_dask.build.window import apply_window
 from crux_dask.codec import decode_batch
 from crux_dask.columns import EventColumns
-from crux_dask.schema import CLIENT, EVENT_KINDS, ROOT, MutationKind, memory_location
+from crux_dask.model import CLIENT, EVENT_KINDS, ROOT, MutationKind, memory_location
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class PAGBuilder:
                       ) -> None:
         """Apply events given in columns, in order, as :meth:`apply` one by one would.
 
-        Runs of routine events (see :mod:`crux_dask.bulk`) are applied a
+        Runs of routine events (see :mod:`crux_dask.build.window`) are applied a
         window at a time with array operations; the others one by one.
         ``now`` and ``on_error`` are as for :meth:`apply_many`.
         """

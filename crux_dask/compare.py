@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from crux_dask.pag import PAG
 from crux_dask.model import ROOT
+from crux_dask.pag import PAG
 from crux_dask.wcp import CATEGORIES
 
 __all__ = ["chrome_trace", "compare_runs", "compute_durations", "run_summary"]

@@ -92,7 +92,7 @@ MUTATION_COLUMNS: dict[str, str] = {
     "thread": "Int64",
 }
 
-#: Event kinds understood by :meth:`crux_dask.build.builder.PAGBuilder.apply`, with their fields in order.
+#: Event kinds the builder applies, with their fields in order.
 EVENT_KINDS: dict[str, tuple[str, ...]] = {
     "root": ("time", "label"),
     "compute": (

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from crux_dask.pag import PAG, store_from_columns
 from crux_dask.model import ROOT, MutationKind
+from crux_dask.pag import PAG, store_from_columns
 from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = [

@@ -19,9 +19,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.codec import encode_batch
+from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.scheduler import EVENTS_HANDLER, key_string
-from crux_dask.model import CLIENT, disk_location, memory_location
 
 if TYPE_CHECKING:
     from distributed import Worker

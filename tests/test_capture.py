@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import dask
@@ -10,7 +9,7 @@ import dask.array as da
 import pandas as pd
 import pytest
 from distributed import Event, Worker, get_task_stream, wait
-from distributed.utils_test import gen_cluster, inc
+from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 
 import crux_dask
 from crux_dask.plugins import CruxSchedulerPlugin, CruxWorkerPlugin
@@ -118,8 +117,8 @@ async def test_release_is_a_delete(c, s, a, b):
     x = c.submit(inc, 1, key="x")
     await x
     del x
-    while "x" in a.data or "x" in b.data:
-        await asyncio.sleep(0.01)
+    # The worker records the release in the same transition that drops the data.
+    await async_poll_for(lambda: "x" not in a.data and "x" not in b.data, timeout=10)
     pag = await crux_dask.get_pag(c)
     m = pag.mutations
     deletes = m[(m["kind"] == "DELETE") & (m["key"] == "x")]
@@ -166,7 +165,12 @@ async def test_cancelled_future_leaves_no_computation(c, s, a, b):
     gate = Event()
     blocked = c.submit(lambda e: e.wait(), gate, key="blocked")
     follower = c.submit(inc, blocked, key="follower")
-    await asyncio.sleep(0.1)
+    # Cancel while 'blocked' runs on a worker and 'follower' waits for it.
+    await async_poll_for(
+        lambda: any(w.state.tasks["blocked"].state == "executing"
+                    for w in (a, b) if "blocked" in w.state.tasks)
+        and "follower" in s.tasks and s.tasks["follower"].state == "waiting",
+        timeout=10)
     await c.cancel([follower, blocked])
     await gate.set()
     ok = c.submit(inc, 1, key="ok")
@@ -222,10 +226,12 @@ def test_every_event_sent_is_applied_on_a_large_graph():
         total = c.submit(sum, parts, key="total")
         assert total.result() == sum(range(1, 20_001))
         del parts
-        deadline = time.time() + 60
-        while time.time() < deadline and sum(
-                c.run(lambda dask_worker: len(dask_worker.data)).values()) > 1:
-            time.sleep(0.1)  # let every release happen, and be recorded
+        # Every part released on every worker (its DELETE is recorded in the same
+        # transition that drops the data), then sent by the flush.
+        def held_parts(dask_worker) -> int:
+            return sum(str(key).startswith("inc-") for key in dask_worker.data)
+
+        poll_for(lambda: sum(c.run(held_parts).values()) == 0, timeout=60)
         crux_dask.flush(c)
         stats = crux_dask.get_stats(c)
         pag = crux_dask.get_pag(c)

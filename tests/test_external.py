@@ -21,16 +21,22 @@ def address(s) -> str:
     return f"http://127.0.0.1:{s.http_server.port}"
 
 
-def mpi_stage(writer: CruxWriter, source: int, ranks: int = 4, slow: int = 2) -> dict:
-    """What an MPI code would report: its ranks split from one input, merged into a file."""
-    t0 = time.time()
+def mpi_stage(writer: CruxWriter, source: int, start: float, stop: float, ranks: int = 4,
+              slow: int = 2) -> dict:
+    """What an MPI code that ran from ``start`` to ``stop`` would report: its ranks split
+    from one input, merged into a file.
+
+    The slow rank takes six sevenths of the run, the others one seventh; the merge
+    takes the last seventh (0.3 s, 0.05 s and 0.05 s of a 0.35 s run).
+    """
+    seventh = (stop - start) / 7
     outputs = []
     for rank in range(ranks):
-        seconds = 0.3 if rank == slow else 0.05
+        seconds = 6 * seventh if rank == slow else seventh
         outputs.append(writer.mutation("SPLIT", source, f"mpi-rank-{rank}",
-                                       f"memory@mpi-node-{rank}", t0, t0 + seconds, 1000))
+                                       f"memory@mpi-node-{rank}", start, start + seconds, 1000))
     merged = writer.mutation("MERGE", outputs, "mpi-out", "file@mpi:/scratch/out.h5",
-                             t0 + 0.3, t0 + 0.35, 4000, label="out.h5")
+                             start + 6 * seventh, stop, 4000, label="out.h5")
     return {"ranks": outputs, "out": merged}
 
 
@@ -41,8 +47,10 @@ async def test_external_mpi_stage_between_two_dask_stages_is_on_the_path(c, s, a
     writer = CruxWriter(address(s), TOKEN)
     [prep] = [st for st in await asyncio.to_thread(writer.states, key="prep")
               if st["thread"] is not None]
-    stage = await asyncio.to_thread(mpi_stage, writer, prep["state_id"])
-    await asyncio.sleep(0.4)  # the MPI stage reported its times; they have passed now
+    # The MPI stage ran after prep and is over: it reports times from prep's end to now.
+    ran = (prep["time"], time.time())
+    assert ran[0] < ran[1]
+    stage = await asyncio.to_thread(mpi_stage, writer, prep["state_id"], *ran)
 
     with dask.annotate(crux={"reads": ["mpi-out"]}):
         post = dask.delayed(lambda: 2, pure=False)(dask_key_name="post")

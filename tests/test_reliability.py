@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -10,7 +9,7 @@ import time
 
 import dask
 import msgpack
-from distributed.utils_test import gen_cluster, inc
+from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 
 import crux_dask
 from crux_dask.codec import MAX_BATCH_BYTES, encode_batch
@@ -106,21 +105,27 @@ def test_worker_killed_mid_run_then_restart():
         parts = [dask.delayed(slow)(i, dask_key_name=f"part-{i}") for i in range(8)]
         total = dask.delayed(sum)(parts, dask_key_name="total")
         future = client.compute(total)
-        time.sleep(0.5)
         victim = next(iter(cluster.workers.values()))
         address = victim.worker_address
-        held = client.run(lambda dask_worker: len(dask_worker.data), workers=[address])
+
+        def held_by_victim() -> int:  # parts the scheduler (and so Crux) knows it holds
+            return client.run_on_scheduler(
+                lambda dask_scheduler, address: len(dask_scheduler.workers[address].has_what),
+                address=address)
+
+        poll_for(lambda: held_by_victim() >= 1, timeout=30)
+        assert not future.done()  # mid-run: 'total' needs every part
         os.kill(victim.process.process.pid, signal.SIGKILL)  # lost work is redone
         assert future.result(timeout=60) == sum(range(1, 9))
         path = crux_dask.get_wcp(client)
         assert path.states["key"].iloc[-1] == "total"
         stats = crux_dask.get_stats(client)
         assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
-        if held[address]:  # what the dead worker held is marked gone
-            pag = crux_dask.get_pag(client)
-            gone = pag.mutations[(pag.mutations["kind"] == "DELETE")
-                                 & (pag.mutations["worker"] == address)]
-            assert stats["states_lost"] >= 1 and len(gone) >= stats["states_lost"]
+        # What the dead worker held is marked gone.
+        pag = crux_dask.get_pag(client)
+        gone = pag.mutations[(pag.mutations["kind"] == "DELETE")
+                             & (pag.mutations["worker"] == address)]
+        assert stats["states_lost"] >= 1 and len(gone) >= stats["states_lost"]
 
         client.restart()
         crux_dask.attach(client)  # the new workers get the worker plugin again
@@ -158,8 +163,7 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
         step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
     assert await c.compute(step) == 3_000
     # The result's release too, on the workers, so that no event comes after the counts.
-    while s.tasks or a.state.tasks or b.state.tasks:
-        await asyncio.sleep(0.01)
+    await async_poll_for(lambda: not (s.tasks or a.state.tasks or b.state.tasks), timeout=30)
     await crux_dask.flush(c)
     stats = await crux_dask.get_stats(c)
     assert stats["segments_spooled"] >= 3

@@ -227,13 +227,14 @@ def rendered_bars(driver, timeout: float = 30.0) -> int:
             if (bars) { return bars.data_source.data.left.length; }
         }
         return -1;"""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def drawn(driver):
         count = driver.execute_script(script)
-        if count is not None and count > 0:
-            return count
-        time.sleep(0.25)
-    return -1
+        return count if count is not None and count > 0 else False
+
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.25)
+    return wait.until(drawn, "the timeline drew no bars")
 
 
 def console_errors(driver) -> list[str]:
@@ -290,9 +291,7 @@ def test_browser_shows_the_same_path_in_the_report(tmp_path):
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.max-states": 100})
 async def test_run_selector_shows_a_spooled_run(c, s, a, b):
-    import asyncio
-
-    from distributed.utils_test import inc
+    from distributed.utils_test import async_poll_for, inc
 
     from crux_dask.dashboard.data import (
         PathSelection,
@@ -324,12 +323,15 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     live_keys = steps.source.data["key"]
 
     selector.select.value = spooled[0]  # the first segment: read back in the spool's thread
-    for _ in range(200):
+
+    def read_back() -> bool:
         selector.update()
         if runs.view(spooled[0]) is not None:
-            break
+            return True
         assert selector.message.text.startswith("reading")
-        await asyncio.sleep(0.05)
+        return False
+
+    await async_poll_for(read_back, timeout=10)
     selector.update()
     steps.update()
     assert selector.message.text == ""

@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 from distributed import Client, LocalCluster
+from distributed.utils_test import poll_for
 
 from crux_dask.sim_workflows import CASES, SimConfig, atoms, build_case, replay, run_case
 
@@ -166,8 +167,14 @@ def test_memory_atom_holds_the_memory():
     thread = threading.Thread(target=lambda: peak.__setitem__(0, atoms.hold_memory(
         200_000_000, 0.5)))
     thread.start()
-    time.sleep(0.3)
-    during = process.memory_info().rss
+    samples = []
+
+    def holding() -> bool:  # the atom holds its memory, or is done (and the check fails)
+        samples.append(process.memory_info().rss)
+        return samples[-1] - before >= 0.9 * 200_000_000 or not thread.is_alive()
+
+    poll_for(holding, timeout=10, period=0.01)
+    during = samples[-1]
     thread.join()
     assert peak[0] == 200_000_000
     assert during - before >= 0.9 * 200_000_000

@@ -13,7 +13,7 @@ and columns for many:
   creating an object per event, and looks each distinct string up once.
 * **1**, rows: ``{"v": 1, "source": str, "seq": int, "events": [...]}`` whose
   events are arrays ``[kind, field, ...]`` with the fields of
-  :data:`crux_dask.model.EVENT_KINDS`: the simplest form to write by hand.
+  :data:`crux_dask.events.EVENT_KINDS`: the simplest form to write by hand.
 
 :func:`decode_batch` checks everything before returning anything, so a bad
 batch is rejected whole with one :class:`BatchError` and whatever was recorded
@@ -30,8 +30,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from crux_dask.columns import COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
-from crux_dask.model import EVENT_KINDS, MutationKind
+from crux_dask.columns import COLUMNS_FROM, COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
+from crux_dask.events import EVENT_KINDS, TYPES
+from crux_dask.model import MutationKind
 
 __all__ = [
     "MAX_BATCH_BYTES",
@@ -45,8 +46,6 @@ __all__ = [
 VERSION = 2
 #: Versions :func:`decode_batch` reads.
 VERSIONS = (1, 2)
-#: Events from which :func:`encode_batch` writes columns rather than rows.
-COLUMNS_FROM = 512
 #: The dtype of each column on the wire.
 WIRE_DTYPES: dict[str, str] = {
     "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
@@ -313,7 +312,7 @@ def _check_event(index: int, event: Any) -> tuple:
         values["inputs"] = tuple(values["inputs"])
         if values["reads"] is not None:
             values["reads"] = tuple(values["reads"])
-    return (kind, *values.values())
+    return TYPES[kind](kind, *values.values())
 
 
 def _is_int(value: Any) -> bool:
@@ -370,5 +369,5 @@ _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,
     "location": _string, "thread": _thread, "start": _time, "stop": _time, "time": _time,
     "nbytes": _size, "inputs": _inputs, "root": _root, "label": _optional_string,
-    "group": _optional_string, "kind": _kind, "origin": _optional_string, "reads": _inputs,
+    "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
 }

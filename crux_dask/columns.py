@@ -23,8 +23,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMPUTE", "DELETE", "OTHER", "TRANSFER", "EventColumns"]
+__all__ = ["COLUMNS_FROM", "COMPUTE", "DELETE", "OTHER", "TRANSFER", "EventColumns"]
 
+#: From how many events on columns pay: putting events in columns, sending them
+#: and planning a window from them cost about a millisecond whatever their
+#: number, which fewer events than this would not repay.
+COLUMNS_FROM = 512
 #: Values of :attr:`EventColumns.kind`.
 COMPUTE, TRANSFER, DELETE, OTHER = 0, 1, 2, 3
 _KINDS = {"compute": COMPUTE, "transfer": TRANSFER, "delete": DELETE}

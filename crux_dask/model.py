@@ -11,7 +11,6 @@ import enum
 
 __all__ = [
     "CLIENT",
-    "EVENT_KINDS",
     "MUTATION_COLUMNS",
     "ROOT",
     "STATE_COLUMNS",
@@ -91,18 +90,6 @@ MUTATION_COLUMNS: dict[str, str] = {
     "worker": "str",
     "thread": "Int64",
 }
-
-#: Event kinds the builder applies, with their fields in order.
-EVENT_KINDS: dict[str, tuple[str, ...]] = {
-    "root": ("time", "label"),
-    "compute": (
-        "key", "worker", "thread", "start", "stop", "nbytes", "inputs", "root",
-        "label", "group", "kind", "location", "origin", "reads",
-    ),
-    "transfer": ("key", "source", "destination", "start", "stop", "nbytes"),
-    "delete": ("key", "location", "time"),
-}
-
 
 ROOT = "root"
 CLIENT = "client"

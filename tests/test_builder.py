@@ -201,15 +201,16 @@ def test_unknown_event_kinds_are_refused():
         PAGBuilder().apply(("explode", 1))
 
 
-def test_task_prefixes_follow_dask_key_split():
+def test_a_task_without_a_label_is_labelled_by_dask_key_split():
     from dask.utils import key_split
 
-    from crux_dask.build.builder import _prefix
-
-    for key in ["inc-abc123", "('x-3f2a1b7c9d0e', 0, 1)", "('rechunk-merge-abc', 1)",
-                "finalize-0123456789abcdef0123456789abcdef", "hello-world-1",
-                "0123456789abcdef0123456789abcdef"]:
-        assert _prefix(key) == key_split(key), key
+    b = PAGBuilder()
+    b.root(0.0)
+    for i, key in enumerate(["inc-abc123", "('x-3f2a1b7c9d0e', 0, 1)",
+                             "('rechunk-merge-abc', 1)",
+                             "finalize-0123456789abcdef0123456789abcdef", "hello-world-1"]):
+        sid = b.compute(key, A, 1, i, i + 1, 8)
+        assert b.pag().states.loc[sid, "label"] == key_split(key), key
 
 
 def test_a_fetch_reported_after_the_source_released_its_copy_still_links_to_it():
@@ -303,7 +304,7 @@ def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monke
     events = skewed_fan_in(60)
     b = PAGBuilder()
     if how == "windows":  # from one event on, so that the last round takes them too
-        monkeypatch.setattr(builder_module, "_WINDOW_MIN", 1)
+        monkeypatch.setattr(builder_module, "COLUMNS_FROM", 1)
         b.apply_many(events)
     else:
         for event in events:

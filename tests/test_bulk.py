@@ -148,19 +148,19 @@ def run(events, breaks, how: str) -> tuple[PAGBuilder, list[tuple]]:
                 except Exception:
                     seen.append(event)
         else:  # windows from one event on, so that short sequences take them too
-            saved = builder_module._WINDOW_MIN, builder_module._WINDOW_MAX
-            builder_module._WINDOW_MIN = 1
+            saved = builder_module.COLUMNS_FROM, builder_module.WINDOW_MAX
+            builder_module.COLUMNS_FROM = 1
             try:
                 if how == "tuples":  # and tuples in pieces of 5, to cross their bounds
-                    builder_module._WINDOW_MAX = 5
+                    builder_module.WINDOW_MAX = 5
                     builder.apply_many(segment, now, on_error=lambda e, _: seen.append(e))
                 else:
                     builder.apply_columns(over_the_wire(segment), now,
                                           on_error=lambda e, _: seen.append(e))
             finally:
-                builder_module._WINDOW_MIN, builder_module._WINDOW_MAX = saved
+                builder_module.COLUMNS_FROM, builder_module.WINDOW_MAX = saved
         position = at
-        seen.append(("end after the segment", builder.end, builder._end_time))
+        seen.append(("end after the segment", builder.end, builder.ends.latest))
         if action == "resolve":
             builder.resolve_parked()
         elif action == "resolve-old":
@@ -177,15 +177,16 @@ def state_of(builder: PAGBuilder) -> dict:
              for name, value in vars(store).items() if isinstance(value, array)}
     for table in ("keys", "labels", "locations", "workers"):
         found[table] = list(getattr(store, table).values)
-    found["live"] = dict(builder._live)
-    found["copies"] = {k: list(v.items()) for k, v in builder._copies.items()}
-    found["fanout"] = dict(builder._fanout)
-    found["parked"] = {slot: list(events) for slot, events in builder._parked.items()}
-    found["parked_at"] = dict(builder._parked_at)
-    for name in ("end", "_end_time", "n_applied", "n_parked_total", "n_fallbacks", "n_lost",
-                 "_run_root", "_roots"):
+    found["live"] = dict(builder.holdings.newest)
+    found["copies"] = {k: list(v.items()) for k, v in builder.holdings.others.items()}
+    found["fanout"] = dict(builder.fanout.seen)
+    found["parked"] = {slot: list(events) for slot, events in builder.waiting.events.items()}
+    found["parked_at"] = dict(builder.waiting.since)
+    for name in ("end", "n_applied", "n_parked_total", "n_fallbacks", "n_lost", "run_root",
+                 "roots"):
         found[name] = getattr(builder, name)
-    found["released"] = {(key, place): builder._released_copy(key, code)
+    found["latest"] = builder.ends.latest
+    found["released"] = {(key, place): builder.holdings.released_at(key, code)
                          for key in set(store.keys.values)
                          for place, code in store.locations.codes.items()}
     return found

@@ -22,12 +22,14 @@ random event sequences.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
+from crux_dask.build import rules
 from crux_dask.model import MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
@@ -38,7 +40,6 @@ __all__ = ["apply_window"]
 
 #: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
 _DEAD, _MISSING = -1, -2
-_NO_GROUP = -2
 
 
 def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> int:
@@ -83,14 +84,14 @@ class _Window:
         c_key_index = ev_key[ci]
         c_key = list(map(names.__getitem__, c_key_index.tolist()))
         c_worker = columns.location[at_c]
-        c_memory = _codes(columns, "memory", builder, c_worker, builder._memory_codes.get)
+        c_memory = _codes(columns, "memory", builder, c_worker, builder.places.memory.get)
         location = store.locations.codes.get
         t_source_code = _codes(columns, "location", builder, columns.source[at_t], location)
         t_target_code = _codes(columns, "location", builder, columns.location[at_t], location)
         d_location_code = _codes(columns, "location", builder, columns.location[at_d], location)
         bad[ci] |= c_memory < 0
         bad[ti] |= (t_source_code < 0) | (t_target_code < 0)
-        bad[ti] |= t_target_code == builder._root_location
+        bad[ti] |= t_target_code == builder.places.root
         bad[di] |= d_location_code < 0
         c_label_code, self.new_labels = self._labels(columns, at_c, c_key)
         bad[ci] |= c_label_code < 0
@@ -109,7 +110,7 @@ class _Window:
 
         # A routine computation creates its key: nothing holds it before, in or
         # before the window (else the key's code and copies need the scalar path).
-        bad[ci] |= np.fromiter(map(builder._live.__contains__, c_key), bool, nc)
+        bad[ci] |= np.fromiter(map(builder.holdings.newest.__contains__, c_key), bool, nc)
         bad[ci] |= first_event[c_key_index] != ci
 
         # What each lookup finds: inputs, a transfer's source and target, a release.
@@ -135,15 +136,15 @@ class _Window:
         c_root_state = np.full(nc, -1, np.int64)
         no_inputs = n_inputs == 0
         if no_inputs.any():
-            roots, run_root = builder._roots, builder._run_root
+            roots, run_root = builder.roots, builder.run_root
             c_root_state[no_inputs] = [r if r in roots else run_root
                                        for r in columns.root[at_c[no_inputs]].tolist()]
             bad[ci] |= c_root_state < 0
-        if builder._parked:  # a state that waiting events need: the scalar path releases them
+        if builder.waiting.events:  # a state that events wait for: the scalar path releases them
             creates = np.flatnonzero(kinds != DELETE)
             slots = zip(map(names.__getitem__, ev_key[creates].tolist()),
                         ev_location[creates].tolist())
-            bad[creates] |= np.fromiter(map(builder._parked.__contains__, slots), bool,
+            bad[creates] |= np.fromiter(map(builder.waiting.__contains__, slots), bool,
                                         len(creates))
 
         # The prefix the window takes.
@@ -179,10 +180,8 @@ class _Window:
         labels = store.labels.codes.get
         label = columns.label[at]
         if (label < 0).any():  # no label given: the key's prefix, as the scalar path does
-            from crux_dask.build.builder import _prefix
-
             names = columns.strings
-            text = [_prefix(k) if i < 0 else names[i] for k, i in zip(keys, label.tolist())]
+            text = [rules.key_label(k) if i < 0 else names[i] for k, i in zip(keys, label.tolist())]
             return _encode(text, labels, new_from=len(store.labels))
         codes = _codes(columns, "label", self.builder, label, labels)
         unknown = codes < 0
@@ -210,12 +209,12 @@ class _Window:
         wanted = np.flatnonzero(wanted)
         newest = np.full(len(self.names), _MISSING, np.int64)
         newest[wanted] = np.fromiter(
-            map(builder._live.get, map(self.names.__getitem__, wanted.tolist()),
+            map(builder.holdings.newest.get, map(self.names.__getitem__, wanted.tolist()),
                 repeat(_MISSING)), np.int64, len(wanted))
         found = newest[key]
         held = np.flatnonzero(found >= 0)
         elsewhere = held[builder.store.column("state_location", found[held]) != location[held]]
-        copies = builder._copies
+        copies = builder.holdings.others
         for i, name, where in zip(elsewhere.tolist(),
                                   map(self.names.__getitem__, key[elsewhere].tolist()),
                                   location[elsewhere].tolist()):
@@ -244,17 +243,17 @@ class _Window:
         copies = np.concatenate([ti, di])
         sources = np.concatenate([t["src"], d["src"]])
         ready = time.copy()
-        _follow(ready, ti, t["src"], t["stop"] - t["start"], base, store, "state_ready")
+        _follow(ready, ti, t["src"], lambda src, at: rules.copies_ready(
+            src, t["start"][at], t["stop"][at]), base, store, "state_ready")
         size = np.zeros(f, np.int64)
         size[ci], size[ti] = c["nbytes"], t["nbytes"]
         no_nbytes = t["no_nbytes"]
-        _follow(size, ti[no_nbytes], t["src"][no_nbytes], 0, base, store, "state_size")
+        _follow(size, ti[no_nbytes], t["src"][no_nbytes], _same, base, store, "state_size")
         key_code = np.empty(f, np.int64)
         key_code[ci] = len(store.keys) + np.arange(len(ci))
-        _follow(key_code, copies, sources, 0, base, store, "state_key")
+        _follow(key_code, copies, sources, _same, base, store, "state_key")
         location_workers = np.full(len(store.locations), NO_CODE, np.int64)
-        location_workers[list(builder._location_workers)] = list(
-            builder._location_workers.values())
+        location_workers[list(builder.places.worker)] = list(builder.places.worker.values())
         worker = np.empty(f, np.int64)
         worker[ci] = location_workers[c["memory"]]
         t_worker = location_workers[self.ev_location[ti]]
@@ -274,13 +273,13 @@ class _Window:
         c_src[takes_input] = self.input_src
         c_src[c_first[no_inputs]] = c["root"][no_inputs]
         pred = first_mutation.copy()
-        pred[ci] += _first_max(_values_of(ready, c_src, base, store, "state_ready"),
+        pred[ci] += rules.last_arriving_segments(_values_of(ready, c_src, base, store, "state_ready"),
                                c_first, c_mutations)
-        c_kind = np.where(no_inputs, MutationKind.APPEND,
-                          np.where(n_inputs > 1, MutationKind.MERGE, MutationKind.CONVERT))
+        c_kind = rules.task_kinds(n_inputs)
         single = np.flatnonzero(n_inputs == 1)
-        c_kind[single] = self._convert_or_split(
-            c_src[c_first[single]], c["group"][single], first_mutation[ci[single]])
+        c_kind[single] = builder.fanout.kinds(
+            c_src[c_first[single]], c["group"][single], first_mutation[ci[single]],
+            store.mutation_kind)
         m_src = np.empty(int(n_mutations.sum()), np.int64)
         m_kind = np.empty(len(m_src), np.int8)
         m_busy = np.zeros(len(m_src))
@@ -312,71 +311,11 @@ class _Window:
 
         # The builder's view of what is held where, and of the graph's end.
         self._update_held(ids)
-        deque(map(builder._fanout.pop, d["src"].tolist(), repeat(None)), maxlen=0)
-        self._move_end(time, m_src, n_mutations)
-        builder.n_applied += f
-
-    def _move_end(self, time: np.ndarray, m_src: np.ndarray, n_mutations: np.ndarray) -> None:
-        """Move the graph's end as the scalar path would, state after state.
-
-        A state becomes the end if it is the latest so far, or if it was made
-        from the end (it comes after it, whatever the workers' clocks say).
-        The last state that is the latest so far is where the end is after the
-        window, unless states made from it (and from them) came later.
-        """
-        builder = self.builder
+        for src in d["src"].tolist():
+            builder.fanout.forget(src)
         created = np.flatnonzero(self.kinds != DELETE)
-        if not len(created):
-            return
-        times = time[created]
-        so_far = np.fmax.accumulate(np.fmax(times, builder._end_time))
-        latest = np.flatnonzero(times >= np.r_[builder._end_time, so_far[:-1]])
-        end = int(self.base + created[latest[-1]]) if len(latest) else builder.end
-        builder._end_time = float(so_far[-1])
-        event = None  # of each mutation, once needed
-        while True:  # the first state made from the end, as long as there is one
-            made = np.flatnonzero(m_src == end)
-            if not len(made):
-                break
-            if event is None:
-                event = np.repeat(np.arange(self.n), n_mutations)
-            made = event[made][self.kinds[event[made]] != DELETE]
-            if not len(made):
-                break
-            end = int(self.base + made[0])
-        builder.end = end
-
-    def _convert_or_split(self, src: np.ndarray, group: np.ndarray,
-                          mutation: np.ndarray) -> np.ndarray:
-        """Kinds of single-input mutations, recording each source's fan-out in the builder.
-
-        A single-input mutation is a ``SPLIT`` when the one before or after
-        it from the same source is by the same task group, else a ``CONVERT``.
-        """
-        builder = self.builder
-        fanout = builder._fanout
-        order = np.argsort(src, kind="stable")
-        src, group, mutation = src[order], group[order], mutation[order]
-        first = np.ones(len(src), bool)
-        first[1:] = src[1:] != src[:-1]
-        last = np.ones(len(src), bool)
-        last[:-1] = first[1:]
-        seen = [fanout.get(s, (_NO_GROUP, -1)) for s in src[first].tolist()]
-        before = np.empty_like(group)
-        before[1:] = group[:-1]
-        before[first] = [g for g, _ in seen]
-        same_before = group == before
-        same_after = np.zeros(len(src), bool)
-        same_after[:-1] = ~last[:-1] & (group[1:] == group[:-1])
-        seen_mutation = np.asarray([m for _, m in seen], np.int64)
-        for m in seen_mutation[same_before[first] & (seen_mutation >= 0)].tolist():
-            # A first sibling recorded before the window.
-            builder.store.mutation_kind[m] = MutationKind.SPLIT
-        fanout.update(zip(src[last].tolist(), zip(
-            group[last].tolist(), np.where(same_before[last], -1, mutation[last]).tolist())))
-        kinds = np.empty(len(src), np.int64)
-        kinds[order] = np.where(same_before | same_after, MutationKind.SPLIT, MutationKind.CONVERT)
-        return kinds
+        builder.ends.add_many(ids[created], time[created], m_src, np.repeat(ids, n_mutations))
+        builder.n_applied += f
 
     def _update_held(self, ids: np.ndarray) -> None:
         """Bring the builder's ``_live`` and ``_copies`` to what is held after the window.
@@ -386,7 +325,8 @@ class _Window:
         its writes replayed through the builder's own bookkeeping.
         """
         builder = self.builder
-        live, copies = builder._live, builder._copies
+        holdings = builder.holdings
+        live, copies = holdings.newest, holdings.others
         names, kinds = self.names, self.kinds
         # The last write of each slot: the slot order of the as-of join, cut to the prefix.
         writes = self.slot_order[self.slot_order < self.n]
@@ -431,9 +371,9 @@ class _Window:
                 self.ev_location[events].tolist(), ids[events].tolist(),
                 kinds[events].tolist()):
             if kind == DELETE:
-                builder._drop_held(name, location)
+                holdings.drop(name, location)
             else:
-                builder._live_add(name, location, sid)
+                holdings.add(name, location, sid)  # no event waits for it: see __init__
 
 
 def _first(mask: np.ndarray, default: int) -> int:
@@ -512,37 +452,30 @@ def _values_of(window: np.ndarray, states: np.ndarray, base: int, store: PAGStor
     return out
 
 
-def _follow(values: np.ndarray, targets: np.ndarray, sources: np.ndarray, add,
-            base: int, store: PAGStore, column: str) -> None:
-    """``values[targets] = value of sources + add``, each source an earlier state.
+def _follow(values: np.ndarray, targets: np.ndarray, sources: np.ndarray,
+            rule: Callable[[np.ndarray, np.ndarray], np.ndarray], base: int, store: PAGStore,
+            column: str) -> None:
+    """``values[targets] = rule(values of sources, at)``, each source an earlier state.
 
-    A source may be a target itself (a copy of a copy): repeat until nothing
-    changes, as many rounds as the longest such chain.
+    ``at`` are the positions in ``targets`` the values are for.  A source may
+    be a target itself (a copy of a copy): repeat until nothing changes, as
+    many rounds as the longest such chain.
     """
-    add = np.broadcast_to(np.asarray(add, values.dtype), targets.shape)
+    at = np.arange(len(targets))
     outside = sources < base
     if outside.any():
-        values[targets[outside]] = store.column(column, sources[outside]) + add[outside]
-    targets, sources, add = targets[~outside], sources[~outside] - base, add[~outside]
+        values[targets[outside]] = rule(store.column(column, sources[outside]), at[outside])
+    targets, sources, at = targets[~outside], sources[~outside] - base, at[~outside]
     for _ in range(len(targets) + 1):
-        new = values[sources] + add
+        new = rule(values[sources], at)
         if np.array_equal(new, values[targets]):
             return
         values[targets] = new
 
 
-def _first_max(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per segment of ``values`` (all non-empty), the offset of its first largest value.
-
-    NaN never wins, as in the scalar path's strict comparison.
-    """
-    if not len(starts):
-        return np.zeros(0, np.int64)
-    largest = np.fmax.reduceat(values, starts)
-    offset = np.arange(len(values)) - np.repeat(starts, lengths)
-    hits = np.where(values == np.repeat(largest, lengths), offset, len(values))
-    first = np.minimum.reduceat(hits, starts)
-    return np.where(first == len(values), 0, first)
+def _same(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A copy takes its source's value."""
+    return values
 
 
 def _extend(column, values: np.ndarray) -> None:

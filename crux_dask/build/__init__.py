@@ -1,0 +1,22 @@
+"""Building the program activity graph from events, on the scheduler.
+
+Only the scheduler imports this package: workers import what they send
+(:mod:`crux_dask.events`, :mod:`crux_dask.columns`, :mod:`crux_dask.codec`).
+
+:mod:`~crux_dask.build.rules`
+    The mapping rules, each in one place: mutation kinds, ``SPLIT``, ready
+    times, the last-arriving input, the graph's end.  The live builder, its
+    windows and the offline rebuild all call them.
+:mod:`~crux_dask.build.holdings`
+    Which copies of which data are held where.
+:mod:`~crux_dask.build.waiting`
+    Events that wait for an input not reported yet.
+:mod:`~crux_dask.build.builder`
+    :class:`PAGBuilder`, applying events one by one.
+:mod:`~crux_dask.build.window`
+    A window of routine events applied at once with numpy, exactly as one by one.
+"""
+
+from crux_dask.build.builder import PAGBuilder
+
+__all__ = ["PAGBuilder"]

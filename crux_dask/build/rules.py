@@ -1,0 +1,241 @@
+"""The mapping rules of the data model, each written once.
+
+The live builder applies events one at a time, its windows apply many at once
+with numpy, and the offline rebuild derives the same columns from exported
+tables.  Each rule below is what all three call: a scalar form for one event
+and, beside it, an array form for many, which the tests hold to the scalar
+one.
+
+* **Kind** of a task's mutations: ``APPEND`` without inputs, ``CONVERT`` with
+  one, ``MERGE`` with several (:func:`task_kind`); a single input that feeds
+  several tasks of the same task group is a ``SPLIT`` (:class:`FanOut`).
+* **Ready time** of a copy: its source's ready time plus the transfer's own
+  duration, never later than the copy really arrived (:func:`copy_ready`).
+  Dask moves an input only once its consumer can run, so the wait before a
+  move belongs to what made the consumer ready.
+* **Last-arriving input**: the input ready last, the first one on ties; a
+  NaN time never wins (:func:`last_arriving`).
+* **End of the graph**: the latest state that is neither a root nor a
+  tombstone, except that a state made from the end becomes the end whatever
+  the clocks say (:class:`EndTracker`): workers convert their times to the
+  scheduler's clock with estimates that disagree by milliseconds.
+* **Label** of a key without one: Dask's own ``key_split``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from dask.utils import key_split
+
+from crux_dask.model import MutationKind
+
+__all__ = [
+    "EndTracker",
+    "FanOut",
+    "copies_ready",
+    "copy_ready",
+    "key_label",
+    "last_arriving",
+    "last_arriving_per_target",
+    "task_kind",
+    "task_kinds",
+]
+
+APPEND, CONVERT, MERGE, SPLIT = (int(MutationKind.APPEND), int(MutationKind.CONVERT),
+                                 int(MutationKind.MERGE), int(MutationKind.SPLIT))
+#: What :class:`FanOut` remembers of a source before any task read it.
+_NO_GROUP = -2
+
+
+def key_label(key: str) -> str:
+    """The label of a key given none: its task prefix (``"('inc-ab12', 0)"`` → ``"inc"``)."""
+    return key_split(key)
+
+
+# -- kinds ------------------------------------------------------------------
+def task_kind(n_inputs: int) -> int:
+    """The kind of the mutations of a task with ``n_inputs`` inputs (before ``SPLIT``)."""
+    return APPEND if n_inputs == 0 else CONVERT if n_inputs == 1 else MERGE
+
+
+def task_kinds(n_inputs: np.ndarray) -> np.ndarray:
+    """:func:`task_kind` of many tasks."""
+    return np.where(n_inputs == 0, APPEND, np.where(n_inputs > 1, MERGE, CONVERT))
+
+
+class FanOut:
+    """Which single-input mutations are ``SPLIT`` s: one source, several tasks of one group.
+
+    Per source state it remembers the task group of the last single-input
+    task that read it and, until a second one of that group comes, the
+    mutation of the first (which then becomes a ``SPLIT`` too).
+    """
+
+    def __init__(self) -> None:
+        # source state -> (task group code, its first single-input mutation, -1 once split)
+        self.seen: dict[int, tuple[int, int]] = {}
+
+    def kind(self, src: int, group: int, mutation: int, kinds: Sequence) -> int:
+        """The kind of single-input ``mutation`` from ``src`` by a task of ``group``.
+
+        ``kinds`` is the mutation-kind column: the first sibling's kind is
+        changed there when a second one appears.
+        """
+        seen = self.seen.get(src)
+        if seen is None or seen[0] != group:
+            self.seen[src] = (group, mutation)
+            return CONVERT
+        if seen[1] >= 0:
+            kinds[seen[1]] = SPLIT
+            self.seen[src] = (group, -1)
+        return SPLIT
+
+    def kinds(self, src: np.ndarray, group: np.ndarray, mutation: np.ndarray,
+              kinds: Sequence) -> np.ndarray:
+        """:meth:`kind` of many single-input mutations, in the order of ``mutation``.
+
+        A mutation is a ``SPLIT`` when the one before or after it from the
+        same source is by the same task group.
+        """
+        order = np.argsort(src, kind="stable")
+        src, group, mutation = src[order], group[order], mutation[order]
+        first = np.ones(len(src), bool)
+        first[1:] = src[1:] != src[:-1]
+        last = np.ones(len(src), bool)
+        last[:-1] = first[1:]
+        seen = [self.seen.get(s, (_NO_GROUP, -1)) for s in src[first].tolist()]
+        before = np.empty_like(group)
+        before[1:] = group[:-1]
+        before[first] = [g for g, _ in seen]
+        same_before = group == before
+        same_after = np.zeros(len(src), bool)
+        same_after[:-1] = ~last[:-1] & (group[1:] == group[:-1])
+        seen_mutation = np.asarray([m for _, m in seen], np.int64)
+        for m in seen_mutation[same_before[first] & (seen_mutation >= 0)].tolist():
+            kinds[m] = SPLIT  # a first sibling recorded earlier
+        self.seen.update(zip(src[last].tolist(), zip(
+            group[last].tolist(), np.where(same_before[last], -1, mutation[last]).tolist())))
+        result = np.empty(len(src), np.int64)
+        result[order] = np.where(same_before | same_after, SPLIT, CONVERT)
+        return result
+
+    def forget(self, src: int) -> None:
+        """``src`` was released: no task reads it any more."""
+        self.seen.pop(src, None)
+
+
+# -- ready times ------------------------------------------------------------
+def copy_ready(source_ready: float, start: float, stop: float) -> float:
+    """When a copy made between ``start`` and ``stop`` counts as ready."""
+    ready = source_ready + (stop - start)
+    return ready if ready < stop else stop
+
+
+def copies_ready(source_ready: np.ndarray, start: np.ndarray, stop: np.ndarray
+                 ) -> np.ndarray:
+    """:func:`copy_ready` of many copies."""
+    ready = source_ready + (stop - start)
+    return np.where(ready < stop, ready, stop)
+
+
+# -- the last-arriving input --------------------------------------------------
+def last_arriving(ready: Sequence[float]) -> int:
+    """Index of the input ready last (the first on ties; ``0`` if none has a time)."""
+    best, best_time = 0, float("-inf")
+    for i, time in enumerate(ready):
+        if time > best_time:
+            best, best_time = i, time
+    return best
+
+
+def last_arriving_segments(ready: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+                           ) -> np.ndarray:
+    """:func:`last_arriving` of each segment of ``ready`` (all non-empty), as offsets."""
+    if not len(starts):
+        return np.zeros(0, np.int64)
+    largest = np.fmax.reduceat(ready, starts)
+    offset = np.arange(len(ready)) - np.repeat(starts, lengths)
+    hits = np.where(ready == np.repeat(largest, lengths), offset, len(ready))
+    first = np.minimum.reduceat(hits, starts)
+    return np.where(first == len(ready), 0, first)
+
+
+def last_arriving_per_target(ready: np.ndarray, mutations: np.ndarray, dst: np.ndarray,
+                             n_states: int) -> np.ndarray:
+    """Per state, which of ``mutations`` into it came from the input ready last.
+
+    Parameters
+    ----------
+    ready : ndarray
+        The ready time of each mutation's source.
+    mutations, dst : ndarray
+        Mutation ids, ascending, and their target states.
+    n_states : int
+
+    Returns
+    -------
+    ndarray
+        A mutation id per state, ``-1`` for a state with none.
+    """
+    pred = np.full(n_states, -1, np.int64)
+    if not len(mutations):
+        return pred
+    order = np.argsort(dst, kind="stable")  # grouped by target, in mutation order
+    dst = dst[order]
+    starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+    lengths = np.diff(np.r_[starts, len(dst)])
+    best = last_arriving_segments(ready[order], starts, lengths)
+    pred[dst[starts]] = mutations[order][starts + best]
+    return pred
+
+
+# -- the end of the graph -----------------------------------------------------
+class EndTracker:
+    """The graph's end as states are created, in id order.
+
+    A new state (not a root, not a tombstone) becomes the end if it is at
+    least as late as every such state before it, or if it was made from the
+    end: it comes after it, whatever the clocks of the workers that reported
+    the two say.
+
+    Attributes
+    ----------
+    end : int
+        The end state, ``-1`` while there is none.
+    latest : float
+        The latest time of a state so far.
+    """
+
+    def __init__(self) -> None:
+        self.end = -1
+        self.latest = float("-inf")
+
+    def add(self, state: int, time: float, sources: Sequence[int] = ()) -> None:
+        """State ``state`` was created at ``time`` from ``sources``."""
+        if time >= self.latest:
+            self.end, self.latest = state, time
+        elif self.end in sources:
+            self.end = state
+
+    def add_many(self, states: np.ndarray, times: np.ndarray, src: np.ndarray,
+                 dst: np.ndarray) -> None:
+        """:meth:`add` of ``states`` (ascending), made by the mutations ``src → dst``."""
+        if not len(states):
+            return
+        so_far = np.fmax.accumulate(np.fmax(times, self.latest))
+        latest = np.flatnonzero(times >= np.r_[self.latest, so_far[:-1]])
+        end = int(states[latest[-1]]) if len(latest) else self.end
+        self.latest = float(so_far[-1])
+        candidate = np.zeros(int(states[-1]) + 1, bool)
+        candidate[states] = True
+        keep = dst < len(candidate)
+        keep[keep] = candidate[dst[keep]]
+        made, made_src = dst[keep], src[keep]
+        while True:  # the first state made from the end, as long as there is one
+            after = made[made_src == end]
+            if not len(after):
+                break
+            end = int(after.min())
+        self.end = end

@@ -1,0 +1,76 @@
+"""Events that wait for an input not reported yet.
+
+Events come from several sources with different latencies: the scheduler
+learns that a task finished before the worker that fetched the task's input
+has reported the fetch.  An event whose input is a state Dask will report
+(data in a worker's memory or on its disk) waits here for it, keyed by the
+``(key, location code)`` it needs, and is applied as soon as that state
+appears, or with the best stand-in once it has waited long enough.
+"""
+
+from __future__ import annotations
+
+from crux_dask.events import Event
+
+__all__ = ["Waiting"]
+
+Slot = tuple[str, int]
+
+
+class Waiting:
+    """The waiting events, by the state they wait for.
+
+    Attributes
+    ----------
+    total : int
+        Events that ever had to wait.
+    """
+
+    def __init__(self) -> None:
+        self.events: dict[Slot, list[Event]] = {}
+        self.since: dict[Slot, float] = {}
+        self.arrived: list[Slot] = []  # slots that appeared while events waited for them
+        self.total = 0
+
+    def __len__(self) -> int:
+        """How many events wait now."""
+        return sum(len(v) for v in self.events.values())
+
+    def __contains__(self, slot: Slot) -> bool:
+        return slot in self.events
+
+    def park(self, slot: Slot, event: Event, now: float) -> None:
+        """``event`` waits for ``slot``; ``now`` is when it started waiting."""
+        self.events.setdefault(slot, []).append(event)
+        self.since.setdefault(slot, now)
+        self.total += 1
+
+    def appeared(self, slot: Slot) -> None:
+        """The state of ``slot`` now exists: its events can go (see :meth:`pop_arrived`)."""
+        if slot in self.events:
+            self.arrived.append(slot)
+
+    def pop_arrived(self) -> list[Event]:
+        """The events of one slot that appeared, removed from the waiting ones."""
+        slot = self.arrived.pop()
+        self.since.pop(slot, None)
+        return self.events.pop(slot, [])
+
+    def take(self, older_than: float | None) -> list[tuple[Slot, float, Event]]:
+        """Remove the events waiting since before ``older_than`` (all: ``None``).
+
+        Returns ``(slot, since, event)`` for each.
+        """
+        taken = []
+        for slot, since in list(self.since.items()):
+            if older_than is None or since < older_than:
+                del self.since[slot]
+                taken += [(slot, since, event) for event in self.events.pop(slot, ())]
+        return taken
+
+    def adopt(self, other: Waiting, slot_of) -> None:
+        """Take over the events of ``other``, their slots renamed by ``slot_of``."""
+        for slot, events in other.events.items():
+            mine = slot_of(slot)
+            self.events.setdefault(mine, []).extend(events)
+            self.since.setdefault(mine, other.since.get(slot, 0.0))

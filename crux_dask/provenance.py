@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from crux_dask.model import ROOT, MutationKind
-from crux_dask.pag import PAG, store_from_columns
+from crux_dask.pag import PAG
+from crux_dask.rebuild import store_from_columns
 from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = [

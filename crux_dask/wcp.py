@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from crux_dask.build import rules
 from crux_dask.model import MutationKind, location_class
 from crux_dask.store import PAGStore
 
@@ -71,10 +72,8 @@ def observed_path(store: PAGStore, end: int, start: int | None = None) -> list[i
     dst = store.column("mutation_dst")
     ready = store.column("state_ready")
     useful = np.flatnonzero(reach[src] & (dst <= end))
-    # Per target state, the useful input that was ready last (first mutation on ties).
-    order = useful[np.lexsort((-useful, ready[src[useful]]))]
-    best = np.full(store.n_states, -1, dtype="int64")
-    best[dst[order]] = order  # later entries (later arrivals) overwrite earlier ones
+    best = rules.last_arriving_per_target(ready[src[useful]], useful, dst[useful],
+                                          store.n_states)
     path = []
     state = end
     while state != start:

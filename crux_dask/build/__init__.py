@@ -17,6 +17,17 @@ Only the scheduler imports this package: workers import what they send
     A window of routine events applied at once with numpy, exactly as one by one.
 """
 
-from crux_dask.build.builder import PAGBuilder
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["PAGBuilder"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazily: the offline rebuild and the critical path need the rules, not the builder.
+    if name == "PAGBuilder":
+        from crux_dask.build.builder import PAGBuilder
+
+        return PAGBuilder
+    raise AttributeError(f"module 'crux_dask.build' has no attribute {name!r}")

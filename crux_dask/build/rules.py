@@ -182,12 +182,13 @@ def last_arriving_per_target(ready: np.ndarray, mutations: np.ndarray, dst: np.n
     pred = np.full(n_states, -1, np.int64)
     if not len(mutations):
         return pred
-    order = np.argsort(dst, kind="stable")  # grouped by target, in mutation order
-    dst = dst[order]
+    if np.any(dst[1:] < dst[:-1]):  # grouped by target, in mutation order
+        order = np.argsort(dst, kind="stable")
+        ready, mutations, dst = ready[order], mutations[order], dst[order]
     starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
     lengths = np.diff(np.r_[starts, len(dst)])
-    best = last_arriving_segments(ready[order], starts, lengths)
-    pred[dst[starts]] = mutations[order][starts + best]
+    best = last_arriving_segments(ready, starts, lengths)
+    pred[dst[starts]] = mutations[starts + best]
     return pred
 
 

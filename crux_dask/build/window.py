@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
 from crux_dask.build import rules
+from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
 from crux_dask.model import MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
@@ -273,8 +273,8 @@ class _Window:
         c_src[takes_input] = self.input_src
         c_src[c_first[no_inputs]] = c["root"][no_inputs]
         pred = first_mutation.copy()
-        pred[ci] += rules.last_arriving_segments(_values_of(ready, c_src, base, store, "state_ready"),
-                               c_first, c_mutations)
+        pred[ci] += rules.last_arriving_segments(
+            _values_of(ready, c_src, base, store, "state_ready"), c_first, c_mutations)
         c_kind = rules.task_kinds(n_inputs)
         single = np.flatnonzero(n_inputs == 1)
         c_kind[single] = builder.fanout.kinds(

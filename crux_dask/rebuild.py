@@ -1,0 +1,152 @@
+"""A graph rebuilt from its tables: what the live builder keeps, derived offline.
+
+An exported run holds its states and mutations; the columns the builder kept
+as it went (each state's start, ready time and last-arriving input, and the
+graph's end) are derived here with the same rules
+(:mod:`crux_dask.build.rules`), so that a run read back from Parquet gives the
+critical path the live dashboard showed.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from crux_dask.build import rules
+from crux_dask.model import ROOT, MutationKind
+from crux_dask.store import NO_THREAD, PAGStore, StringTable
+
+__all__ = ["end_state", "store_from_columns", "store_from_frames"]
+
+
+def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
+                      ) -> PAGStore:
+    """A store from one run's data-state and data-mutation tables, in id order."""
+    strings = {name: _encoded(states[name])
+               for name in ("key", "label", "origin", "location", "worker")}
+    return store_from_columns(
+        run_id,
+        state_id=states["state_id"].to_numpy(),
+        time=states["time"].to_numpy(dtype="float64"),
+        size=states["size"].to_numpy(dtype="int64"),
+        thread=states["thread"].astype("Int64").fillna(NO_THREAD).to_numpy(dtype="int64"),
+        src=mutations["src"].to_numpy().astype("int64"),
+        dst=mutations["dst"].to_numpy().astype("int64"),
+        kind=_encoded(mutations["kind"]),
+        busy=mutations["busy"].to_numpy(dtype="float64"),
+        start=mutations["start"].to_numpy(dtype="float64"),
+        **strings,
+    )
+
+
+def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
+                       size: np.ndarray, thread: np.ndarray, key: tuple, label: tuple,
+                       origin: tuple, location: tuple, worker: tuple, src: np.ndarray,
+                       dst: np.ndarray, kind: tuple, busy: np.ndarray, start: np.ndarray
+                       ) -> PAGStore:
+    """A store from whole columns; string columns come as ``(codes, values)`` pairs.
+
+    Checks the ids (states ``0..n-1``, mutations from lower to higher ids) and
+    derives what the builder keeps incrementally: each state's start, ready
+    time and last-arriving input.
+
+    Raises
+    ------
+    ValueError
+        If the ids or the mutation kinds are not valid.
+    """
+    n = len(state_id)
+    if not np.array_equal(state_id, np.arange(n)):
+        raise ValueError(f"run {run_id}: state ids must be 0..{n - 1}")
+    if len(src) and (src.min() < 0 or dst.max() >= n):
+        raise ValueError(f"run {run_id}: a mutation refers to a state that does not exist")
+    if np.any(src >= dst):
+        raise ValueError(f"run {run_id}: every mutation must go from a lower to a higher "
+                         "state id")
+    try:
+        kind_of_value = np.array([int(MutationKind.parse(k)) for k in kind[1]] + [-1],
+                                 dtype="int8")
+    except ValueError as error:
+        raise ValueError(f"run {run_id}: {error}") from None
+    kinds = kind_of_value[kind[0]]
+    if np.any(kinds < 0):
+        raise ValueError(f"run {run_id}: a mutation has no kind")
+
+    store = PAGStore(run_id)
+    key_codes = _into(store.keys, key)
+    # Label and origin belong to the key: take them from each key's first state.
+    first_of_key = np.unique(key_codes, return_index=True)[1]
+    _fill(store.key_label, _into(store.labels, label)[first_of_key])
+    _fill(store.key_origin, _into(store.labels, origin)[first_of_key])
+    # A state starts when the operation that created it started.
+    state_start = time.copy()
+    state_start[dst[::-1]] = start[::-1]
+    ready = _ready_times(time, state_start, src, dst, kinds)
+    _fill(store.state_time, time)
+    _fill(store.state_start, state_start)
+    _fill(store.state_ready, ready)
+    _fill(store.state_size, size)
+    _fill(store.state_key, key_codes)
+    _fill(store.state_location, _into(store.locations, location))
+    _fill(store.state_worker, _into(store.workers, worker))
+    _fill(store.state_thread, thread)
+    _fill(store.state_pred, rules.last_arriving_per_target(ready[src], np.arange(len(src)),
+                                                           dst, n))
+    _fill(store.mutation_src, src)
+    _fill(store.mutation_dst, dst)
+    _fill(store.mutation_kind, kinds)
+    _fill(store.mutation_busy, busy)
+    return store
+
+
+def end_state(store: PAGStore) -> int:
+    """The graph's end, as the live builder found it (:class:`rules.EndTracker`)."""
+    if not store.n_states:
+        return -1
+    candidate = np.ones(store.n_states, dtype=bool)
+    src, dst = store.column("mutation_src"), store.column("mutation_dst")
+    candidate[dst[store.column("mutation_kind") == MutationKind.DELETE]] = False
+    root = store.locations.codes.get(ROOT)
+    if root is not None:
+        candidate[store.column("state_location") == root] = False
+    states = np.flatnonzero(candidate)
+    tracker = rules.EndTracker()
+    tracker.add_many(states, store.column("state_time")[states], src, dst)
+    return tracker.end
+
+
+def _ready_times(time: np.ndarray, start: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                 kinds: np.ndarray) -> np.ndarray:
+    """Per state, when it counts as ready: a copy by :func:`rules.copy_ready`, others at once."""
+    ready = time.copy()
+    transfers = np.flatnonzero(kinds == MutationKind.TRANSFER)
+    transfers = transfers[np.argsort(dst[transfers], kind="stable")]
+    copy_ready = rules.copy_ready
+    for s, d in zip(src[transfers].tolist(), dst[transfers].tolist()):
+        ready[d] = copy_ready(ready[s], start[d], time[d])
+    return ready
+
+
+def _fill(column: array, values: np.ndarray) -> None:
+    column.frombytes(memoryview(np.ascontiguousarray(values, dtype=column.typecode)).cast("B"))
+
+
+def _encoded(values: pd.Series) -> tuple[np.ndarray, list]:
+    """Codes and distinct values of a string column (missing values get code -1)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    return codes, [str(u) for u in uniques]
+
+
+def _into(table: StringTable, encoded: tuple[np.ndarray, list]) -> np.ndarray:
+    """Codes of ``table`` for a ``(codes, values)`` column (-1 stays -1)."""
+    codes, values = encoded
+    if not table.values:  # into an empty table: in one go, if the values are distinct
+        table.codes = dict(zip(values, range(len(values))))
+        if len(table.codes) == len(values):
+            table.values = list(values)
+            return codes
+        table.codes = {}
+    mapping = np.array([table.code(v) for v in values] + [-1], dtype="int64")
+    return mapping[codes]

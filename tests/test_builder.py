@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import crux_dask.build.builder as builder_module
+import crux_dask.build.feed as feed_module
 from crux_dask import PAGBuilder
 
 A = "tcp://127.0.0.1:1001"
@@ -304,7 +304,7 @@ def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monke
     events = skewed_fan_in(60)
     b = PAGBuilder()
     if how == "windows":  # from one event on, so that the last round takes them too
-        monkeypatch.setattr(builder_module, "COLUMNS_FROM", 1)
+        monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
         b.apply_many(events)
     else:
         for event in events:

@@ -9,7 +9,7 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import crux_dask.build.builder as builder_module
+import crux_dask.build.feed as feed_module
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
 from crux_dask.columns import EventColumns
 
@@ -148,17 +148,17 @@ def run(events, breaks, how: str) -> tuple[PAGBuilder, list[tuple]]:
                 except Exception:
                     seen.append(event)
         else:  # windows from one event on, so that short sequences take them too
-            saved = builder_module.COLUMNS_FROM, builder_module.WINDOW_MAX
-            builder_module.COLUMNS_FROM = 1
+            saved = feed_module.COLUMNS_FROM, feed_module.WINDOW_MAX
+            feed_module.COLUMNS_FROM = 1
             try:
                 if how == "tuples":  # and tuples in pieces of 5, to cross their bounds
-                    builder_module.WINDOW_MAX = 5
+                    feed_module.WINDOW_MAX = 5
                     builder.apply_many(segment, now, on_error=lambda e, _: seen.append(e))
                 else:
                     builder.apply_columns(over_the_wire(segment), now,
                                           on_error=lambda e, _: seen.append(e))
             finally:
-                builder_module.COLUMNS_FROM, builder_module.WINDOW_MAX = saved
+                feed_module.COLUMNS_FROM, feed_module.WINDOW_MAX = saved
         position = at
         seen.append(("end after the segment", builder.end, builder.ends.latest))
         if action == "resolve":

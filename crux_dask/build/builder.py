@@ -26,15 +26,14 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import index
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import rules
+from crux_dask.build import operations, rules
+from crux_dask.build.feed import Feed, OnError
 from crux_dask.build.holdings import Holdings
 from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
-from crux_dask.build.window import apply_window
-from crux_dask.codec import decode_batch
-from crux_dask.columns import COLUMNS_FROM, EventColumns
+from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, Root, Transfer, parse
-from crux_dask.model import CLIENT, ROOT, MutationKind, disk_location, memory_location
+from crux_dask.model import CLIENT, ROOT, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -46,10 +45,6 @@ _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPE
                                int(MutationKind.DELETE))
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 _AWAITED = ("memory@", "disk@")
-#: The largest window of events planned at once: larger string tables leave the cache.
-WINDOW_MAX = 16_384
-
-OnError = Callable[[Sequence[Any], Exception], None]
 
 
 class PAGBuilder:
@@ -90,7 +85,7 @@ class PAGBuilder:
         self._root_key = store.key_code(ROOT, ROOT, "crux")
         self.places = Places(store)
         self._resolving: Any = None  # the event resolve_parked applies now
-        self._window = COLUMNS_FROM  # events planned at once; adapts to the stream
+        self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
             "compute": self._compute, "transfer": self._transfer, "delete": self._delete,
             "root": self._root}
@@ -149,23 +144,15 @@ class PAGBuilder:
 
         ``on_error`` is called with ``(event, exception)`` for an event that
         cannot be applied, and the others go on; without it the exception is
-        raised (the events before it stay applied).
+        raised (the events before it stay applied).  Routine events go a
+        window at a time (:mod:`crux_dask.build.feed`).
         """
-        events = events if isinstance(events, list) else list(events)
-        if len(events) < COLUMNS_FROM:
-            self._one_by_one(events, now, on_error)
-            return
-        for start in range(0, len(events), WINDOW_MAX):  # small string tables stay in cache
-            piece = events[start:start + WINDOW_MAX]
-            self._windows(EventColumns.from_events(piece), piece.__getitem__, now, on_error)
+        self.feed.apply_many(events, now, on_error)
 
     def apply_columns(self, columns: EventColumns, now: float = 0.0,
                       on_error: OnError | None = None) -> None:
         """Apply events given in columns, in order, as :meth:`apply_many` does."""
-        if len(columns) < COLUMNS_FROM:
-            self._one_by_one(columns.events(), now, on_error)
-        else:
-            self._windows(columns, columns.event, now, on_error)
+        self.feed.apply_columns(columns, now, on_error)
 
     def apply_batch(self, data: bytes, now: float = 0.0) -> int:
         """Decode an encoded batch and apply its events; return how many.
@@ -175,47 +162,7 @@ class PAGBuilder:
         crux_dask.codec.BatchError
             If the batch is malformed; then nothing of it is applied.
         """
-        batch = decode_batch(data)
-        if batch.columns is not None:
-            self.apply_columns(batch.columns, now)
-        else:
-            self.apply_many(batch.rows, now)
-        return len(batch)
-
-    def _windows(self, columns: EventColumns, event_at: Callable[[int], Sequence[Any]],
-                 now: float, on_error: OnError | None) -> None:
-        """Routine events a window at a time, the others one by one."""
-        position, n = 0, len(columns)
-        while position < n:
-            stop = n  # too few left for a window: one by one
-            if n - position >= COLUMNS_FROM:
-                size = min(self._window, n - position)
-                try:
-                    done = apply_window(self, columns, position, position + size)
-                except Exception:  # malformed somewhere: one by one, which names it
-                    self._window = COLUMNS_FROM
-                    stop = position + size
-                else:
-                    position += done
-                    if done == size:
-                        self._window = min(2 * self._window, WINDOW_MAX)
-                        continue
-                    # Planning costs the whole window: size the next one by what it took.
-                    self._window = max(COLUMNS_FROM, min(2 * done, WINDOW_MAX))
-                    stop = position + 1  # the event that ended the window
-            self._one_by_one(map(event_at, range(position, stop)), now, on_error)
-            position = stop
-
-    def _one_by_one(self, events: Iterable[Sequence[Any]], now: float,
-                    on_error: OnError | None) -> None:
-        for event in events:
-            if on_error is None:
-                self.apply(event, now)
-                continue
-            try:
-                self.apply(event, now)
-            except Exception as error:
-                on_error(event, error)
+        return self.feed.apply_batch(data, now)
 
     # -- the events, by name ----------------------------------------------------
     def root(self, time: float, label: str = "graph") -> int:
@@ -304,11 +251,11 @@ class PAGBuilder:
                     Root("root", e.start))
             sources.append(root)
         location = memory if e.location is None else self.places.code(e.location)
-        dst = self._new_state(key, location, self.places.worker[memory], e.thread, e.nbytes,
+        dst = self.new_state(key, location, self.places.worker[memory], e.thread, e.nbytes,
                               e.start, e.stop, e.stop, sources, kind, busy)
         if location != memory:
             self._hold(e.key, memory, dst)
-        return self._applied(dst)
+        return self.applied(dst)
 
     def _transfer(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is Transfer else Transfer._make(event)
@@ -324,7 +271,7 @@ class PAGBuilder:
                 return None
         destination = places.code(e.destination)
         worker = places.worker[destination]
-        return self._applied(self._new_state(
+        return self.applied(self.new_state(
             store.state_key[src], destination,
             places.worker[source] if worker == NO_CODE else worker, None,
             store.state_size[src] if e.nbytes is None else e.nbytes, e.start, e.stop,
@@ -346,80 +293,25 @@ class PAGBuilder:
         self.n_applied += 1
         return dst
 
-    # -- what the scheduler adds ---------------------------------------------------
+    # -- what the scheduler adds --------------------------------------------------
     def external(self, kind: str, sources: Sequence[int], key: str, label: str, origin: str,
                  location: str, size: int, start: float, stop: float) -> int:
-        """A mutation reported by an application outside Dask; returns the new state's id.
-
-        ``sources`` are ids of existing states (none for ``APPEND``: the data
-        appears from the run's root).  The new state is ``key`` at ``location``
-        at time ``stop``; ``stop - start`` is busy time.
-
-        Raises
-        ------
-        ValueError
-            If a source state does not exist or the kind is unknown.
-        """
-        edge_kind = int(MutationKind.parse(kind))
-        store = self.store
-        for src in sources:
-            if not 0 <= src < store.n_states:
-                raise ValueError(f"no state {src}")
-        sources = list(sources)
-        if not sources:
-            if self.run_root < 0:
-                self._root(Root("root", start))
-            sources = [self.run_root]
-        ready = stop
-        if edge_kind == _TRANSFER:
-            ready = rules.copy_ready(store.state_ready[sources[-1]], start, stop)
-        return self._applied(self._new_state(
-            store.key_code(key, label, origin), self.places.code(location), None, None, size,
-            start, stop, ready, sources, edge_kind, stop - start))
+        """A mutation reported by an application outside Dask: :func:`operations.external`."""
+        return operations.external(self, kind, sources, key, label, origin, location, size,
+                                   start, stop)
 
     def lose(self, worker: str, time: float) -> int:
-        """A worker is gone with its data: release every copy it held; return how many."""
-        store = self.store
-        where = store.state_location
-        places = {code for name in (memory_location(worker), disk_location(worker))
-                  if (code := store.locations.codes.get(name)) is not None}
-        lost = [(store.keys.values[store.state_key[sid]], store.locations.values[where[sid]])
-                for sid in self.live_states() if where[sid] in places]
-        for key, location in lost:
-            self._delete(Delete("delete", key, location, time))
-        self.n_lost += len(lost)
-        return len(lost)
+        """A worker is gone with its data: :func:`operations.lose`."""
+        return operations.lose(self, worker, time)
 
     def continue_from(self, previous: PAGBuilder, time: float) -> int:
-        """Start where ``previous`` stops: its live data reappears here, from a root.
-
-        Used when a graph is spooled to disk and recording goes on in a new
-        segment: later events about data made before still find a state.
-        Waiting events move over too.  Returns how many states carried over.
-        """
-        old = previous.store
-        root = self._root(Root("root", time, "continued"))
-        carried = previous.live_states()
-        for sid in carried:
-            code = old.state_key[sid]
-            key = self.store.key_code(old.keys.values[code],
-                                      old.labels.values[old.key_label[code]],
-                                      old.labels.values[old.key_origin[code]])
-            moment = old.state_time[sid]
-            self._new_state(key, self.places.code(old.locations.values[old.state_location[sid]]),
-                            None, None, old.state_size[sid], moment, moment, moment, (root,),
-                            _APPEND, 0.0)
-        self.waiting.adopt(previous.waiting, lambda slot: (
-            slot[0], self.places.code(old.locations.values[slot[1]])))
-        return len(carried)
+        """Go on where ``previous`` stopped: :func:`operations.continue_from`."""
+        return operations.continue_from(self, previous, time)
 
     def resolve_parked(self, older_than: float | None = None) -> int:
         """Apply waiting events with the best input available; return how many.
 
-        An event waiting for data that another waiting event makes waits for
-        that event to be applied first: event times alone cannot order them,
-        as each worker's clock is converted with its own estimate of the
-        scheduler's.  The others get a stand-in for what they miss.
+        See :meth:`~crux_dask.build.waiting.Waiting.resolve`.
 
         Parameters
         ----------
@@ -428,24 +320,15 @@ class PAGBuilder:
             they were applied with); all of them by default.
         """
         applied = self.n_applied
-        total = self.waiting.total  # events waiting again are not new waits
-        while waiting := self.waiting.take(older_than):
-            waiting.sort(key=lambda item: _event_time(parse(item[2])))
-            made = {event[1] for _, _, event in waiting if event[0] in ("compute", "transfer")}
-            stand_ins = [event for (key, _), _, event in waiting if key not in made]
-            # Waiting for each other all round: the oldest goes first.
-            chosen = {id(event) for event in stand_ins or [waiting[0][2]]}
-            for _, since, event in waiting:  # oldest first, so that chains resolve in order
-                if id(event) in chosen:
-                    self._resolving = event
-                    try:
-                        self.apply(event)
-                    finally:
-                        self._resolving = None
-                else:  # applied, or waits again
-                    self.apply(event, since)
-        self.waiting.total = total
+        self.waiting.resolve(self.apply, self._apply_with_stand_ins, older_than)
         return self.n_applied - applied
+
+    def _apply_with_stand_ins(self, event: Any) -> None:
+        self._resolving = event
+        try:
+            self.apply(event)
+        finally:
+            self._resolving = None
 
     def pag(self) -> PAG:
         """The graph so far, as a :class:`~crux_dask.pag.PAG` (shares the store)."""
@@ -476,10 +359,16 @@ class PAGBuilder:
         store.mutation_kind.append(kind)
         store.mutation_busy.append(busy)
 
-    def _new_state(self, key: int, location: int, worker: int | None, thread: int | None,
-                   size: int, start: float, time: float, ready: float, sources: Sequence[int],
-                   kind: int, busy: float) -> int:
-        """A state made by ``kind`` from ``sources``, now held at ``location``."""
+    def new_state(self, key: int, location: int, worker: int | None, thread: int | None,
+                  size: int, start: float, time: float, ready: float, sources: Sequence[int],
+                  kind: int, busy: float) -> int:
+        """Add a state made by ``kind`` from ``sources``, held at ``location``; its id.
+
+        ``key``, ``location`` and ``worker`` are codes (``worker`` ``None``:
+        the location's).  The state's last-arriving input, what is held where
+        and the graph's end follow the rules; waiting events are released by
+        :meth:`applied`.
+        """
         store = self.store
         ready_of = store.state_ready
         pred = store.n_mutations + rules.last_arriving([ready_of[s] for s in sources])
@@ -493,8 +382,8 @@ class PAGBuilder:
             self.ends.add(sid, time, sources)
         return sid
 
-    def _applied(self, sid: int) -> int:
-        """An event made ``sid``: count it, and apply the events that waited for it."""
+    def applied(self, sid: int) -> int:
+        """An event made ``sid``: count it, apply the events that waited for it; ``sid``."""
         self.n_applied += 1
         while self.waiting.arrived:
             for event in self.waiting.pop_arrived():
@@ -532,13 +421,8 @@ class PAGBuilder:
         time = store.state_time[self.run_root] if created is None else created
         code = (store.key_code(key, _label_of(key, where), _origin_of(where))
                 if newest is None else store.state_key[newest])
-        return self._new_state(code, location, None, None, 0, time, time, time,
+        return self.new_state(code, location, None, None, 0, time, time, time,
                                (self.run_root,), _APPEND, 0.0)
-
-
-def _event_time(event: Any) -> float:
-    """When an event happened: a computation's or transfer's stop, a release's time."""
-    return event.time if type(event) is Delete else event.stop
 
 
 def _label_of(key: str, location: str) -> str:

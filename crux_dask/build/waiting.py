@@ -10,7 +10,10 @@ appears, or with the best stand-in once it has waited long enough.
 
 from __future__ import annotations
 
-from crux_dask.events import Event
+from collections.abc import Callable
+from typing import Any
+
+from crux_dask.events import Delete, Event, parse
 
 __all__ = ["Waiting"]
 
@@ -74,3 +77,33 @@ class Waiting:
             mine = slot_of(slot)
             self.events.setdefault(mine, []).extend(events)
             self.since.setdefault(mine, other.since.get(slot, 0.0))
+
+    def resolve(self, apply: Callable[[Event, float], Any],
+                apply_with_stand_ins: Callable[[Event], Any], older_than: float | None) -> None:
+        """Apply waiting events, giving those whose input will never come a stand-in.
+
+        An event waiting for data that another waiting event makes waits for
+        that event to be applied first: event times alone cannot order them,
+        as each worker's clock is converted with its own estimate of the
+        scheduler's.  The others go with ``apply_with_stand_ins``; all of
+        them, oldest first, so that chains resolve in order.  Events that
+        wait again are not counted as new waits.
+        """
+        total = self.total
+        while waiting := self.take(older_than):
+            waiting.sort(key=lambda item: _event_time(parse(item[2])))
+            made = {event[1] for _, _, event in waiting if event[0] in ("compute", "transfer")}
+            stand_ins = [event for (key, _), _, event in waiting if key not in made]
+            # Waiting for each other all round: the oldest goes first.
+            chosen = {id(event) for event in stand_ins or [waiting[0][2]]}
+            for _, since, event in waiting:
+                if id(event) in chosen:
+                    apply_with_stand_ins(event)
+                else:  # applied, or waits again
+                    apply(event, since)
+        self.total = total
+
+
+def _event_time(event: Event) -> float:
+    """When an event happened: a computation's or transfer's stop, a release's time."""
+    return event.time if type(event) is Delete else event.stop

@@ -22,16 +22,15 @@ random event sequences.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crux_dask.build import rules
+from crux_dask.build import arrays, rules
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
 from crux_dask.model import MutationKind
-from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
+from crux_dask.store import NO_CODE, NO_THREAD
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["apply_window"]
 
 #: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
-_DEAD, _MISSING = -1, -2
+_DEAD, _MISSING = -1, arrays.MISSING
 
 
 def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> int:
@@ -64,7 +63,7 @@ class _Window:
         self.builder = builder
         store = builder.store
         kinds = columns.kind[lo:hi]
-        n = _first(kinds == OTHER, len(kinds))
+        n = arrays.first(kinds == OTHER, len(kinds))
         kinds = kinds[:n]
         ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (COMPUTE, TRANSFER, DELETE))
         nc = len(ci)
@@ -84,11 +83,15 @@ class _Window:
         c_key_index = ev_key[ci]
         c_key = list(map(names.__getitem__, c_key_index.tolist()))
         c_worker = columns.location[at_c]
-        c_memory = _codes(columns, "memory", builder, c_worker, builder.places.memory.get)
+        c_memory = arrays.codes(columns, "memory", builder, c_worker, builder.places.memory.get)
         location = store.locations.codes.get
-        t_source_code = _codes(columns, "location", builder, columns.source[at_t], location)
-        t_target_code = _codes(columns, "location", builder, columns.location[at_t], location)
-        d_location_code = _codes(columns, "location", builder, columns.location[at_d], location)
+
+        def location_codes(indices: np.ndarray) -> np.ndarray:
+            return arrays.codes(columns, "location", builder, indices, location)
+
+        t_source_code = location_codes(columns.source[at_t])
+        t_target_code = location_codes(columns.location[at_t])
+        d_location_code = location_codes(columns.location[at_d])
         bad[ci] |= c_memory < 0
         bad[ti] |= (t_source_code < 0) | (t_target_code < 0)
         bad[ti] |= t_target_code == builder.places.root
@@ -100,12 +103,12 @@ class _Window:
         c_group = columns.group[at_c]
         if (c_group >= 0).any():
             c_group_code = np.where(c_group < 0, c_label_code,
-                                    _codes(columns, "label", builder, c_group, labels))
+                                    arrays.codes(columns, "label", builder, c_group, labels))
             bad[ci] |= (c_group_code < 0) & (n_inputs == 1)
         c_origin = columns.origin[at_c]
         if (c_origin >= 0).any():
             c_origin_code = np.where(c_origin < 0, c_label_code,
-                                     _codes(columns, "label", builder, c_origin, labels))
+                                     arrays.codes(columns, "label", builder, c_origin, labels))
             bad[ci] |= c_origin_code < 0
 
         # A routine computation creates its key: nothing holds it before, in or
@@ -125,7 +128,7 @@ class _Window:
         lookup_slot = np.concatenate([
             input_key * n_locations + np.repeat(c_memory, n_inputs) + 1,
             ev_key[ti] * n_locations + t_source_code + 1, ev_slot[ti], ev_slot[di]])
-        looked_up, self.slot_order = _as_of(
+        looked_up, self.slot_order = arrays.as_of(
             ev_slot, written, lookup_slot, np.concatenate([input_event, ti, ti, di]))
         self._look_up_held(looked_up, lookup_slot, n_locations)
         input_src, t_src, t_before, d_src = np.split(
@@ -148,7 +151,7 @@ class _Window:
                                         len(creates))
 
         # The prefix the window takes.
-        self.n = f = _first(bad, n)
+        self.n = f = arrays.first(bad, n)
         self.base, self.kinds = base, kinds[:f]
         self.ev_key, self.ev_location, self.ev_slot = ev_key[:f], ev_location[:f], ev_slot[:f]
         keep_c, keep_t, keep_d = ci < f, ti < f, di < f
@@ -182,8 +185,8 @@ class _Window:
         if (label < 0).any():  # no label given: the key's prefix, as the scalar path does
             names = columns.strings
             text = [rules.key_label(k) if i < 0 else names[i] for k, i in zip(keys, label.tolist())]
-            return _encode(text, labels, new_from=len(store.labels))
-        codes = _codes(columns, "label", self.builder, label, labels)
+            return arrays.encode(text, labels, new_from=len(store.labels))
+        codes = arrays.codes(columns, "label", self.builder, label, labels)
         unknown = codes < 0
         if not unknown.any():
             return codes, []
@@ -243,22 +246,23 @@ class _Window:
         copies = np.concatenate([ti, di])
         sources = np.concatenate([t["src"], d["src"]])
         ready = time.copy()
-        _follow(ready, ti, t["src"], lambda src, at: rules.copies_ready(
+        arrays.follow(ready, ti, t["src"], lambda src, at: rules.copies_ready(
             src, t["start"][at], t["stop"][at]), base, store, "state_ready")
         size = np.zeros(f, np.int64)
         size[ci], size[ti] = c["nbytes"], t["nbytes"]
         no_nbytes = t["no_nbytes"]
-        _follow(size, ti[no_nbytes], t["src"][no_nbytes], _same, base, store, "state_size")
+        arrays.follow(size, ti[no_nbytes], t["src"][no_nbytes], arrays.same, base, store,
+                      "state_size")
         key_code = np.empty(f, np.int64)
         key_code[ci] = len(store.keys) + np.arange(len(ci))
-        _follow(key_code, copies, sources, _same, base, store, "state_key")
+        arrays.follow(key_code, copies, sources, arrays.same, base, store, "state_key")
         location_workers = np.full(len(store.locations), NO_CODE, np.int64)
         location_workers[list(builder.places.worker)] = list(builder.places.worker.values())
         worker = np.empty(f, np.int64)
         worker[ci] = location_workers[c["memory"]]
         t_worker = location_workers[self.ev_location[ti]]
         worker[ti] = np.where(t_worker == NO_CODE, location_workers[t["source"]], t_worker)
-        worker[di] = _values_of(worker, d["src"], base, store, "state_worker")
+        worker[di] = arrays.values_of(worker, d["src"], base, store, "state_worker")
         thread = np.full(f, NO_THREAD, np.int64)
         thread[ci] = c["thread"]
 
@@ -274,7 +278,7 @@ class _Window:
         c_src[c_first[no_inputs]] = c["root"][no_inputs]
         pred = first_mutation.copy()
         pred[ci] += rules.last_arriving_segments(
-            _values_of(ready, c_src, base, store, "state_ready"), c_first, c_mutations)
+            arrays.values_of(ready, c_src, base, store, "state_ready"), c_first, c_mutations)
         c_kind = rules.task_kinds(n_inputs)
         single = np.flatnonzero(n_inputs == 1)
         c_kind[single] = builder.fanout.kinds(
@@ -298,16 +302,16 @@ class _Window:
         for label in self.new_labels[:len(np.unique(c["label"][c["label"] >= n_labels]))]:
             store.labels.code(label)
         store.keys.values.extend(self.c_key)
-        _extend(store.key_label, c["label"])
-        _extend(store.key_origin, c["origin"])
+        arrays.extend(store.key_label, c["label"])
+        arrays.extend(store.key_origin, c["origin"])
         for name, values in (("time", time), ("start", start), ("ready", ready),
                              ("size", size), ("key", key_code),
                              ("location", self.ev_location), ("worker", worker),
                              ("thread", thread), ("pred", pred)):
-            _extend(getattr(store, f"state_{name}"), values)
+            arrays.extend(getattr(store, f"state_{name}"), values)
         for name, values in (("src", m_src), ("dst", np.repeat(ids, n_mutations)),
                              ("kind", m_kind), ("busy", m_busy)):
-            _extend(getattr(store, f"mutation_{name}"), values)
+            arrays.extend(getattr(store, f"mutation_{name}"), values)
 
         # The builder's view of what is held where, and of the graph's end.
         self._update_held(ids)
@@ -374,110 +378,3 @@ class _Window:
                 holdings.drop(name, location)
             else:
                 holdings.add(name, location, sid)  # no event waits for it: see __init__
-
-
-def _first(mask: np.ndarray, default: int) -> int:
-    """Index of the first true value of ``mask``, or ``default``."""
-    hits = np.flatnonzero(mask)
-    return int(hits[0]) if len(hits) else default
-
-
-def _codes(columns: EventColumns, table: str, builder: PAGBuilder, indices: np.ndarray,
-           lookup) -> np.ndarray:
-    """Codes in the builder's ``table`` of the strings at ``indices`` (``-1``: not known).
-
-    Each distinct string is looked up once per batch: known codes are cached
-    (codes never change), unknown ones are tried again in the next window.
-    """
-    cache = columns.codes(table, builder)
-    codes = cache[indices]
-    unknown = codes < 0
-    if unknown.any():
-        strings = columns.strings
-        for i in np.unique(indices[unknown]).tolist():
-            code = lookup(strings[i])
-            if code is not None:
-                cache[i] = code
-        codes = cache[indices]
-    return codes
-
-
-def _encode(column, lookup, new_from: int | None = None) -> tuple[np.ndarray, list]:
-    """Codes of the strings of ``column`` by ``lookup``, and the strings not known.
-
-    An unknown string gets ``-1`` or, with ``new_from``, the code it will get
-    when added: ``new_from`` on, in order of first appearance.
-    """
-    uniques = list(dict.fromkeys(column))
-    codes = [lookup(u) if isinstance(u, str) else None for u in uniques]
-    unknown = [u for u, code in zip(uniques, codes) if code is None and isinstance(u, str)]
-    fresh = iter(range(new_from, new_from + len(unknown))) if new_from is not None else None
-    mapping = {u: code if code is not None else
-               next(fresh) if fresh is not None and isinstance(u, str) else -1
-               for u, code in zip(uniques, codes)}
-    return np.fromiter(map(mapping.__getitem__, column), np.int64, len(column)), unknown
-
-
-def _as_of(write_slot: np.ndarray, written: np.ndarray, lookup_slot: np.ndarray,
-           lookup_event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each lookup, what the last event before it wrote to its slot (or ``_MISSING``).
-
-    Event ``i`` writes ``written[i]`` to ``write_slot[i]``; lookup ``j`` reads
-    ``lookup_slot[j]`` just before event ``lookup_event[j]``.  Also returns
-    the events in slot order (by slot, then in time), for what is held at the end.
-    """
-    n = len(write_slot)
-    slot = np.concatenate([write_slot, lookup_slot])
-    order = np.argsort(slot * (2 * n + 2)
-                       + np.concatenate([2 * np.arange(n) + 1, 2 * lookup_event]))
-    sorted_slot = slot[order]
-    last_write = np.maximum.accumulate(np.where(order < n, np.arange(len(order)), 0))
-    writer = order[last_write]
-    found = (writer < n) & (sorted_slot[last_write] == sorted_slot)
-    is_lookup = order >= n
-    result = np.empty(len(lookup_slot), np.int64)
-    result[order[is_lookup] - n] = np.where(found, written[np.minimum(writer, n - 1)],
-                                            _MISSING)[is_lookup]
-    return result, order[~is_lookup]
-
-
-def _values_of(window: np.ndarray, states: np.ndarray, base: int, store: PAGStore,
-               column: str) -> np.ndarray:
-    """A column's values for ``states``: from the window for its own, else from the store."""
-    out = np.empty(len(states), window.dtype)
-    inside = states >= base
-    out[inside] = window[states[inside] - base]
-    if not inside.all():
-        out[~inside] = store.column(column, states[~inside])
-    return out
-
-
-def _follow(values: np.ndarray, targets: np.ndarray, sources: np.ndarray,
-            rule: Callable[[np.ndarray, np.ndarray], np.ndarray], base: int, store: PAGStore,
-            column: str) -> None:
-    """``values[targets] = rule(values of sources, at)``, each source an earlier state.
-
-    ``at`` are the positions in ``targets`` the values are for.  A source may
-    be a target itself (a copy of a copy): repeat until nothing changes, as
-    many rounds as the longest such chain.
-    """
-    at = np.arange(len(targets))
-    outside = sources < base
-    if outside.any():
-        values[targets[outside]] = rule(store.column(column, sources[outside]), at[outside])
-    targets, sources, at = targets[~outside], sources[~outside] - base, at[~outside]
-    for _ in range(len(targets) + 1):
-        new = rule(values[sources], at)
-        if np.array_equal(new, values[targets]):
-            return
-        values[targets] = new
-
-
-def _same(values: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """A copy takes its source's value."""
-    return values
-
-
-def _extend(column, values: np.ndarray) -> None:
-    """Append ``values`` to an :class:`array.array` column, converted to its type."""
-    column.frombytes(memoryview(np.ascontiguousarray(values, dtype=column.typecode)).cast("B"))

@@ -1,0 +1,89 @@
+"""What the scheduler adds to a graph besides Dask's events.
+
+An application outside Dask reporting a mutation, a worker lost with its data,
+and a new segment that goes on where a spooled one stopped.  Each is built
+from the builder's public steps, so the rules apply as for any event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from crux_dask.build import rules
+from crux_dask.model import MutationKind, disk_location, memory_location
+
+if TYPE_CHECKING:
+    from crux_dask.build.builder import PAGBuilder
+
+__all__ = ["continue_from", "external", "lose"]
+
+_TRANSFER, _APPEND = int(MutationKind.TRANSFER), int(MutationKind.APPEND)
+
+
+def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, label: str,
+             origin: str, location: str, size: int, start: float, stop: float) -> int:
+    """A mutation reported by an application outside Dask; returns the new state's id.
+
+    ``sources`` are ids of existing states (none for ``APPEND``: the data
+    appears from the run's root).  The new state is ``key`` at ``location`` at
+    time ``stop``; ``stop - start`` is busy time.
+
+    Raises
+    ------
+    ValueError
+        If a source state does not exist or the kind is unknown.
+    """
+    edge_kind = int(MutationKind.parse(kind))
+    store = builder.store
+    for src in sources:
+        if not 0 <= src < store.n_states:
+            raise ValueError(f"no state {src}")
+    sources = list(sources)
+    if not sources:
+        if builder.run_root < 0:
+            builder.root(start)
+        sources = [builder.run_root]
+    ready = stop
+    if edge_kind == _TRANSFER:
+        ready = rules.copy_ready(store.state_ready[sources[-1]], start, stop)
+    return builder.applied(builder.new_state(
+        store.key_code(key, label, origin), builder.places.code(location), None, None, size,
+        start, stop, ready, sources, edge_kind, stop - start))
+
+
+def lose(builder: PAGBuilder, worker: str, time: float) -> int:
+    """``worker`` is gone with its data: release every copy it held; return how many."""
+    store = builder.store
+    where = store.state_location
+    places = {code for name in (memory_location(worker), disk_location(worker))
+              if (code := store.locations.codes.get(name)) is not None}
+    lost = [(store.keys.values[store.state_key[sid]], store.locations.values[where[sid]])
+            for sid in builder.live_states() if where[sid] in places]
+    for key, location in lost:
+        builder.delete(key, location, time)
+    builder.n_lost += len(lost)
+    return len(lost)
+
+
+def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int:
+    """Start ``builder`` where ``previous`` stops: its live data reappears, from a root.
+
+    Used when a graph is spooled to disk and recording goes on in a new
+    segment: later events about data made before still find a state.
+    Waiting events move over too.  Returns how many states carried over.
+    """
+    old, store, places = previous.store, builder.store, builder.places
+    root = builder.root(time, "continued")
+    carried = previous.live_states()
+    for sid in carried:
+        code = old.state_key[sid]
+        key = store.key_code(old.keys.values[code], old.labels.values[old.key_label[code]],
+                             old.labels.values[old.key_origin[code]])
+        moment = old.state_time[sid]
+        builder.new_state(key, places.code(old.locations.values[old.state_location[sid]]),
+                          None, None, old.state_size[sid], moment, moment, moment, (root,),
+                          _APPEND, 0.0)
+    builder.waiting.adopt(previous.waiting, lambda slot: (
+        slot[0], places.code(old.locations.values[slot[1]])))
+    return len(carried)

@@ -31,7 +31,7 @@ import msgpack
 import numpy as np
 
 from crux_dask.columns import COLUMNS_FROM, COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
-from crux_dask.events import EVENT_KINDS, TYPES
+from crux_dask.events import EVENT_KINDS, TYPES, Delete, Transfer
 from crux_dask.model import MutationKind
 
 __all__ = [
@@ -273,17 +273,17 @@ def _common_event(event: Any) -> tuple | None:
     if type(event) is not list:
         return None
     if len(event) == 4 and event[0] == "delete":
-        _, key, location, time = event
-        if (type(key) is str and type(location) is str and type(time) is float
-                and time - time == 0.0):
-            return tuple(event)
+        e = Delete._make(event)
+        if (type(e.key) is str and type(e.location) is str and type(e.time) is float
+                and e.time - e.time == 0.0):
+            return e
     elif len(event) == 7 and event[0] == "transfer":
-        _, key, source, destination, start, stop, nbytes = event
-        if (type(key) is str and type(source) is str and type(destination) is str
-                and type(start) is float and type(stop) is float
-                and start - start == 0.0 and stop - stop == 0.0 and stop >= start
-                and (nbytes is None or (type(nbytes) is int and nbytes >= 0))):
-            return tuple(event)
+        e = Transfer._make(event)
+        if (type(e.key) is str and type(e.source) is str and type(e.destination) is str
+                and type(e.start) is float and type(e.stop) is float
+                and e.start - e.start == 0.0 and e.stop - e.stop == 0.0 and e.stop >= e.start
+                and (e.nbytes is None or (type(e.nbytes) is int and e.nbytes >= 0))):
+            return e
     return None
 
 

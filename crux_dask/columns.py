@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from crux_dask.events import Compute, Delete, Event, Transfer
+
 __all__ = ["COLUMNS_FROM", "COMPUTE", "DELETE", "OTHER", "TRANSFER", "EventColumns"]
 
 #: From how many events on columns pay: putting events in columns, sending them
@@ -32,7 +34,9 @@ COLUMNS_FROM = 512
 #: Values of :attr:`EventColumns.kind`.
 COMPUTE, TRANSFER, DELETE, OTHER = 0, 1, 2, 3
 _KINDS = {"compute": COMPUTE, "transfer": TRANSFER, "delete": DELETE}
-_WIDTHS = {COMPUTE: 15, TRANSFER: 7, DELETE: 4}
+_C, _T, _D = ({name: i for i, name in enumerate(record._fields)}
+              for record in (Compute, Transfer, Delete))
+_WIDTHS = {COMPUTE: len(_C), TRANSFER: len(_T), DELETE: len(_D)}
 #: The integer columns and what stands for "none" in them.
 NONE = -1
 #: The numeric and string-index columns, with their dtypes, in wire order.
@@ -124,8 +128,8 @@ class EventColumns:
         return cache
 
     # -- back to tuples ---------------------------------------------------------
-    def event(self, i: int) -> tuple:
-        """Event ``i`` as the tuple :meth:`crux_dask.build.builder.PAGBuilder.apply` takes."""
+    def event(self, i: int) -> Event:
+        """Event ``i``, as it was encoded."""
         kind = int(self.kind[i])
         if kind == OTHER:
             return self.others[i]
@@ -133,21 +137,21 @@ class EventColumns:
         key, location = s[self.key[i]], s[self.location[i]]
         start, stop = float(self.start[i]), float(self.stop[i])
         if kind == DELETE:
-            return ("delete", key, location, start)
+            return Delete("delete", key, location, start)
         nbytes = int(self.nbytes[i])
         if kind == TRANSFER:
-            return ("transfer", key, s[self.source[i]], location, start, stop,
-                    None if nbytes == NONE else nbytes)
+            return Transfer("transfer", key, s[self.source[i]], location, start, stop,
+                            None if nbytes == NONE else nbytes)
         offset = self.input_offset
         inputs = tuple(s[j] for j in self.inputs[offset[i]:offset[i + 1]].tolist())
         thread, label, group, origin = (int(self.thread[i]), int(self.label[i]),
                                         int(self.group[i]), int(self.origin[i]))
-        return ("compute", key, location, None if thread == NONE else thread, start, stop,
-                nbytes, inputs, int(self.root[i]), None if label == NONE else s[label],
-                None if group == NONE else s[group], None, None,
-                None if origin == NONE else s[origin], None)
+        return Compute("compute", key, location, None if thread == NONE else thread, start,
+                       stop, nbytes, inputs, int(self.root[i]),
+                       None if label == NONE else s[label], None if group == NONE else s[group],
+                       None, None, None if origin == NONE else s[origin], None)
 
-    def events(self) -> list[tuple]:
+    def events(self) -> list[Event]:
         """Every event, as tuples."""
         return [self.event(i) for i in range(len(self))]
 
@@ -238,16 +242,16 @@ def _encode(events: list) -> EventColumns:
     nbytes = np.zeros(n, np.int64)
     thread = np.full(n, NONE, np.int64)
     root = np.full(n, NONE, np.int64)
-    start[ci], stop[ci] = numbers(ci, 4, float), numbers(ci, 5, float)
-    nbytes[ci] = numbers(ci, 6, int)
-    thread[ci] = optional(ci, 3)
-    root[ci] = numbers(ci, 8, int)
-    start[ti], stop[ti] = numbers(ti, 4, float), numbers(ti, 5, float)
-    nbytes[ti] = optional(ti, 6)
-    start[di] = stop[di] = numbers(di, 3, float)
-    for index in (11, 12, 14):  # annotations (a kind, a location, reads): one by one
-        bad[ci] |= _is_not_none(field(ci, index))
-    c_inputs = field(ci, 7)
+    start[ci], stop[ci] = numbers(ci, _C["start"], float), numbers(ci, _C["stop"], float)
+    nbytes[ci] = numbers(ci, _C["nbytes"], int)
+    thread[ci] = optional(ci, _C["thread"])
+    root[ci] = numbers(ci, _C["root"], int)
+    start[ti], stop[ti] = numbers(ti, _T["start"], float), numbers(ti, _T["stop"], float)
+    nbytes[ti] = optional(ti, _T["nbytes"])
+    start[di] = stop[di] = numbers(di, _D["time"], float)
+    for name in ("mutation", "location", "reads"):  # annotations: one by one
+        bad[ci] |= _is_not_none(field(ci, _C[name]))
+    c_inputs = field(ci, _C["inputs"])
     if not set(map(type, c_inputs)) <= {tuple, list}:
         bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)
         c_inputs = [v if type(v) in (tuple, list) else () for v in c_inputs]
@@ -257,10 +261,11 @@ def _encode(events: list) -> EventColumns:
     # Every string, in one table: required ones must be strings, optional
     # ones strings or None.
     plain = np.flatnonzero(kind != OTHER)
-    keys = field(plain, 1)
+    keys = field(plain, _C["key"])  # the same place in every kind
     inputs = list(chain.from_iterable(c_inputs))
-    places = [field(ci, 2), field(ti, 3), field(di, 2), field(ti, 2)]
-    maybe = {"label": field(ci, 9), "group": field(ci, 10), "origin": field(ci, 13)}
+    places = [field(ci, _C["worker"]), field(ti, _T["destination"]),
+              field(di, _D["location"]), field(ti, _T["source"])]
+    maybe = {name: field(ci, _C[name]) for name in ("label", "group", "origin")}
     strings, key_codes, name_codes = _string_table(keys + inputs, [*places, *maybe.values()])
     key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
     c_worker, t_target, d_location, t_source, label, group, origin = name_codes

@@ -33,7 +33,7 @@ from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, Root, Transfer, parse
-from crux_dask.model import CLIENT, ROOT, MutationKind
+from crux_dask.model import ROOT, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -414,26 +414,4 @@ class PAGBuilder:
             self.n_fallbacks += 1
             if newest is not None:  # the newest copy anywhere else
                 return newest
-        # Data Dask never reported (a file that already existed, data the client
-        # scattered, data older than the capture): it appears from the run's root.
-        if self.run_root < 0:
-            self._root(Root("root", 0.0 if created is None else created))
-        time = store.state_time[self.run_root] if created is None else created
-        code = (store.key_code(key, _label_of(key, where), _origin_of(where))
-                if newest is None else store.state_key[newest])
-        return self.new_state(code, location, None, None, 0, time, time, time,
-                               (self.run_root,), _APPEND, 0.0)
-
-
-def _label_of(key: str, location: str) -> str:
-    if location.startswith("file@"):
-        return location.rpartition("/")[2] or location
-    return rules.key_label(key)
-
-
-def _origin_of(location: str) -> str:
-    if location == CLIENT:
-        return CLIENT
-    if location.startswith("file@"):
-        return "file"
-    return "unknown"
+        return operations.unreported(self, key, location, created)

@@ -1,7 +1,8 @@
 """What the scheduler adds to a graph besides Dask's events.
 
-An application outside Dask reporting a mutation, a worker lost with its data,
-and a new segment that goes on where a spooled one stopped.  Each is built
+An application outside Dask reporting a mutation, data Dask never reported, a
+worker lost with its data, and a new segment that goes on where a spooled one
+stopped.  Each is built
 from the builder's public steps, so the rules apply as for any event.
 """
 
@@ -11,12 +12,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from crux_dask.build import rules
-from crux_dask.model import MutationKind, disk_location, memory_location
+from crux_dask.model import CLIENT, MutationKind, disk_location, memory_location
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
 
-__all__ = ["continue_from", "external", "lose"]
+__all__ = ["continue_from", "external", "lose", "unreported"]
 
 _TRANSFER, _APPEND = int(MutationKind.TRANSFER), int(MutationKind.APPEND)
 
@@ -87,3 +88,36 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
     builder.waiting.adopt(previous.waiting, lambda slot: (
         slot[0], places.code(old.locations.values[slot[1]])))
     return len(carried)
+
+
+def unreported(builder: PAGBuilder, key: str, location: int, created: float | None) -> int:
+    """A state for data of ``key`` at ``location`` that Dask never reported.
+
+    A file that already existed, data the client scattered, data older than
+    the capture: it appears from the run's root, at ``created`` (default: the
+    root's time).  Returns its id.
+    """
+    store = builder.store
+    if builder.run_root < 0:
+        builder.root(0.0 if created is None else created)
+    time = store.state_time[builder.run_root] if created is None else created
+    where = store.locations.values[location]
+    newest = builder.holdings.newest.get(key)
+    code = (store.key_code(key, _label_of(key, where), _origin_of(where))
+            if newest is None else store.state_key[newest])
+    return builder.new_state(code, location, None, None, 0, time, time, time,
+                             (builder.run_root,), _APPEND, 0.0)
+
+
+def _label_of(key: str, location: str) -> str:
+    if location.startswith("file@"):
+        return location.rpartition("/")[2] or location
+    return rules.key_label(key)
+
+
+def _origin_of(location: str) -> str:
+    if location == CLIENT:
+        return CLIENT
+    if location.startswith("file@"):
+        return "file"
+    return "unknown"

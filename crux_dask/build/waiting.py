@@ -92,7 +92,8 @@ class Waiting:
         total = self.total
         while waiting := self.take(older_than):
             waiting.sort(key=lambda item: _event_time(parse(item[2])))
-            made = {event[1] for _, _, event in waiting if event[0] in ("compute", "transfer")}
+            made = {record.key for _, _, event in waiting
+                    if type(record := parse(event)) is not Delete}
             stand_ins = [event for (key, _), _, event in waiting if key not in made]
             # Waiting for each other all round: the oldest goes first.
             chosen = {id(event) for event in stand_ins or [waiting[0][2]]}

@@ -22,6 +22,7 @@ from crux_dask.build.builder import PAGBuilder
 from crux_dask.codec import BatchError, decode_batch
 from crux_dask.columns import EventColumns
 from crux_dask.plugins import config
+from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -30,16 +31,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The scheduler RPC handler that receives the workers' event batches.
-EVENTS_HANDLER = "crux_events"
 #: Marks the queue entries recorded by the transition hook (the others are
 #: workers' events, already in the builder's form).
 _TASK = object()
-
-
-def key_string(key: Any) -> str:
-    """The ``str(key)`` form the graph stores Dask keys in."""
-    return key if isinstance(key, str) else str(key)
 
 
 class CruxSchedulerPlugin(SchedulerPlugin):
@@ -58,7 +52,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         (``crux-dask.park-timeout``).
     """
 
-    name = "crux"
+    name = PLUGIN_NAME
     idempotent = True
 
     def __init__(self, apply_interval: str | float | None = None,

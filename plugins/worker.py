@@ -21,7 +21,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
-from crux_dask.plugins.scheduler import EVENTS_HANDLER, key_string
+from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -47,7 +47,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         (``crux-dask.max-buffered-events``).
     """
 
-    name = "crux"
+    name = PLUGIN_NAME
     idempotent = True
 
     def __init__(self, flush_interval: str | float | None = None,

@@ -1,0 +1,32 @@
+"""What both ends of the wire agree on: the plugins' name, the RPC handler, key strings.
+
+Workers import this module, never the scheduler side: it needs nothing but the
+standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["EVENTS_HANDLER", "PLUGIN_NAME", "key_string"]
+
+#: The name both plugins register under, on the scheduler and on every worker.
+PLUGIN_NAME = "crux"
+#: The scheduler RPC handler that receives the workers' event batches.
+EVENTS_HANDLER = "crux_events"
+
+
+def key_string(key: Any) -> str:
+    """The ``str(key)`` form the graph stores Dask keys in.
+
+    Parameters
+    ----------
+    key : str, bytes, int, float or tuple
+        A Dask key.
+
+    Returns
+    -------
+    str
+        ``key`` itself if it is a string, else ``str(key)``.
+    """
+    return key if isinstance(key, str) else str(key)

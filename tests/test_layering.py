@@ -1,0 +1,56 @@
+"""Layers: a worker loads what it sends and nothing of the scheduler's analysis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: What a worker must never load: the builder, the analyses, the dashboard, and
+#: the scheduler side of the plugins.
+SCHEDULER_ONLY = ("crux_dask.build", "crux_dask.pag", "crux_dask.wcp", "crux_dask.provenance",
+                  "crux_dask.dashboard", "crux_dask.plugins.scheduler",
+                  "crux_dask.plugins.ingest", "crux_dask.plugins.spool",
+                  "crux_dask.plugins.api")
+
+
+def modules_after(statements: str) -> list[str]:
+    """The modules loaded by a fresh interpreter after running ``statements``."""
+    code = f"import json, sys\n{statements}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def scheduler_only(modules: list[str]) -> list[str]:
+    return [name for name in modules
+            if any(name == layer or name.startswith(layer + ".") for layer in SCHEDULER_ONLY)]
+
+
+@pytest.mark.parametrize("statements", [
+    "import crux_dask.plugins.worker",
+    "from crux_dask.plugins import CruxWorkerPlugin",
+    "import crux_dask.plugins",
+])
+def test_the_worker_side_loads_no_builder_nor_dashboard(statements):
+    modules = modules_after(statements)
+    assert scheduler_only(modules) == []
+    assert "crux_dask.plugins.config" in modules  # the defaults are registered
+
+
+def test_importing_the_plugins_registers_the_configuration():
+    modules_after("import crux_dask.plugins, dask\n"
+                  "assert dask.config.get('crux-dask.batch-size') == 5000")
+
+
+def test_the_package_still_exports_everything():
+    import crux_dask.plugins as plugins
+    from crux_dask.plugins import CruxSchedulerPlugin, CruxWorkerPlugin, config, dask_setup
+
+    assert CruxSchedulerPlugin.name == CruxWorkerPlugin.name == "crux"
+    assert callable(dask_setup) and config.get("batch-size") == 5000
+    for name in plugins.__all__:
+        assert getattr(plugins, name) is not None
+    assert not hasattr(plugins, "dask_teardown")  # what a preload looks for, and is absent

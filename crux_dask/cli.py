@@ -195,7 +195,7 @@ def compare(paths: tuple[str, ...], top: int) -> None:
 def trace(path: str, output: str, run_id: str | None) -> None:
     import json
 
-    from crux_dask.compare import chrome_trace
+    from crux_dask.trace import chrome_trace
 
     pag = _load(path, run_id)
     events = chrome_trace(pag, run_id)

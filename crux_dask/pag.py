@@ -32,7 +32,7 @@ class PAG:
     # -- construction -------------------------------------------------------
     @classmethod
     def from_frames(cls, states: pd.DataFrame, mutations: pd.DataFrame) -> PAG:
-        """A PAG from data-state and data-mutation tables (DESIGN §2 columns).
+        """A PAG from data-state and data-mutation tables (columns of :mod:`crux_dask.model`).
 
         Within a run, ``state_id`` must number the states ``0..n-1`` and every
         mutation must go from a lower to a higher state id (the order in which
@@ -65,12 +65,12 @@ class PAG:
 
     @property
     def states(self) -> pd.DataFrame:
-        """All data states (DESIGN §2 columns)."""
+        """All data states (:data:`crux_dask.model.STATE_COLUMNS`)."""
         return _concat([s.states_frame() for s in self.stores], STATE_COLUMNS)
 
     @property
     def mutations(self) -> pd.DataFrame:
-        """All data mutations (DESIGN §2 columns)."""
+        """All data mutations (:data:`crux_dask.model.MUTATION_COLUMNS`)."""
         return _concat([s.mutations_frame() for s in self.stores], MUTATION_COLUMNS)
 
     def __len__(self) -> int:

@@ -187,7 +187,10 @@ class PAGStore:
 
     # -- snapshots -----------------------------------------------------------
     def states_frame(self, ids: np.ndarray | None = None) -> pd.DataFrame:
-        """The data-state table (DESIGN §2 columns), or its rows ``ids`` in that order."""
+        """The data-state table, or its rows ``ids`` in that order.
+
+        Columns: :data:`crux_dask.model.STATE_COLUMNS`.
+        """
         ids = np.arange(self.n_states) if ids is None else np.asarray(ids, dtype="int64")
         key = self.column("state_key", ids)
         return pd.DataFrame(
@@ -206,7 +209,10 @@ class PAGStore:
         ).astype(STATE_COLUMNS)
 
     def mutations_frame(self, ids: np.ndarray | None = None) -> pd.DataFrame:
-        """The data-mutation table (DESIGN §2 columns), or its rows ``ids`` in that order."""
+        """The data-mutation table, or its rows ``ids`` in that order.
+
+        Columns: :data:`crux_dask.model.MUTATION_COLUMNS`.
+        """
         ids = np.arange(self.n_mutations) if ids is None else np.asarray(ids, dtype="int64")
         src = self.column("mutation_src", ids).astype("int64")
         dst = self.column("mutation_dst", ids).astype("int64")

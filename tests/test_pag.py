@@ -1,4 +1,4 @@
-"""PAG snapshots: the DESIGN columns, and frames that round-trip."""
+"""PAG snapshots: the data-model columns, and frames that round-trip."""
 
 from __future__ import annotations
 

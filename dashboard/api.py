@@ -1,9 +1,15 @@
 """JSON API on the scheduler's web server (``/crux/api/v1/...``).
 
-Reads are open, like the rest of the dashboard.  Writes — the thesis's POST
-endpoints, through which applications outside Dask add their data states —
+Reads are open, like the rest of the dashboard, and answer from the graph as
+applied so far: a request never applies the events still queued.  Writes — the
+POST routes through which applications outside Dask add their data states —
 are refused unless ``crux-dask.http.token`` is set, and then need that token
-as a bearer token.
+as a bearer token; each applies its own state at once, so that its id can be
+returned.
+
+Handlers use only the plugin's public interface: ``builder`` (read),
+``stats()``, ``add_external()``, ``count_http_write()``, ``http_token`` and
+``http_max_body``.
 """
 
 from __future__ import annotations
@@ -11,18 +17,27 @@ from __future__ import annotations
 import hmac
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tornado import web
 
 from crux_dask.wcp import METHODS
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+    from crux_dask.store import PAGStore
+
 PREFIX = "crux/api/v1"
 MAX_LIMIT = 10_000
 
 
 class BadParameter(ValueError):
+    """A request parameter or body field that is not valid; ``parameter`` names it."""
+
     def __init__(self, parameter: str, message: str) -> None:
         super().__init__(message)
         self.parameter = parameter
@@ -31,7 +46,7 @@ class BadParameter(ValueError):
 class CruxHandler(web.RequestHandler):
     """Shared plumbing: the plugin, parameter parsing, JSON errors."""
 
-    def initialize(self, plugin: Any) -> None:
+    def initialize(self, plugin: CruxSchedulerPlugin) -> None:
         self.plugin = plugin
 
     def set_default_headers(self) -> None:
@@ -78,12 +93,13 @@ class CruxHandler(web.RequestHandler):
         return value
 
     @property
-    def store(self):
+    def store(self) -> PAGStore:
+        """The graph applied so far."""
         return self.plugin.builder.store
 
-    def respond(self, compute) -> None:
+    def respond(self, compute: Callable[[], Any]) -> None:
+        """Answer with ``compute()`` as JSON, or a 400 naming a bad parameter."""
         try:
-            self.plugin.apply_pending()
             self.finish(json.dumps(compute(), default=_plain))
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
@@ -97,7 +113,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _records(frame) -> list[dict]:
+def _records(frame: pd.DataFrame) -> list[dict]:
     frame = frame.astype(object).where(frame.notna(), None)
     return frame.to_dict(orient="records")
 
@@ -115,18 +131,17 @@ class StatesHandler(CruxHandler):
         if body is None:
             return
         try:
-            self.plugin.apply_pending()
             fields = _check_body(body, kind, sources=external)
             try:
-                state = self.plugin.builder.external(kind, **fields)
+                state = self.plugin.add_external(kind, **fields)
             except ValueError as error:
                 raise BadParameter("src", str(error)) from None
         except BadParameter as error:
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(404 if error.parameter == "src" and "no state" in str(error) else 400,
                       str(error), error.parameter)
             return
-        self.plugin.counts["http_accepted"] += 1
+        self.plugin.count_http_write(accepted=True)
         self.set_status(201)
         self.finish(json.dumps({"state_id": state}))
 
@@ -134,27 +149,27 @@ class StatesHandler(CruxHandler):
         """The request's JSON body, or ``None`` after answering 403/401/413/400."""
         token = self.plugin.http_token
         if not token:
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(403, "writes are disabled: set crux-dask.http.token to enable them")
             return None
         given = self.request.headers.get("Authorization", "")
         expected = f"Bearer {token}"
         if not hmac.compare_digest(given.encode(), expected.encode()):
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(401, "missing or wrong bearer token")
             return None
         if len(self.request.body) > self.plugin.http_max_body:
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(413, f"body over {self.plugin.http_max_body} bytes")
             return None
         try:
             body = json.loads(self.request.body or b"null")
         except (ValueError, UnicodeDecodeError) as error:
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(400, f"body is not JSON: {error}", "body")
             return None
         if not isinstance(body, dict):
-            self.plugin.counts["http_rejected"] += 1
+            self.plugin.count_http_write(accepted=False)
             self.fail(400, "body must be a JSON object", "body")
             return None
         return body
@@ -189,7 +204,6 @@ class StatesHandler(CruxHandler):
 
 class StateHandler(CruxHandler):
     def get(self, state_id: str) -> None:
-        self.plugin.apply_pending()
         store = self.store
         if not state_id.isdigit() or int(state_id) >= store.n_states:
             self.fail(404, f"no state {state_id}", "state_id")
@@ -310,7 +324,8 @@ class NotFoundHandler(CruxHandler):
         self.fail(404, f"no such endpoint: {self.request.path}")
 
 
-def routes(plugin: Any, prefix: str = "/") -> list[tuple]:
+def routes(plugin: CruxSchedulerPlugin, prefix: str = "/") -> list[tuple]:
+    """The Crux JSON routes under ``prefix``, each handler bound to ``plugin``."""
     base = "/" + "/".join(p for p in (prefix.strip("/"), PREFIX) if p)
     options = {"plugin": plugin}
     return [
@@ -324,7 +339,7 @@ def routes(plugin: Any, prefix: str = "/") -> list[tuple]:
     ]
 
 
-def install_routes(scheduler: Any, plugin: Any, prefix: str = "/") -> bool:
+def install_routes(scheduler: Any, plugin: CruxSchedulerPlugin, prefix: str = "/") -> bool:
     """Add the JSON routes to the scheduler's web server; ``False`` if it has none."""
     application = getattr(scheduler, "http_application", None)
     if application is None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crux_dask.pag import PAG
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
+
+if TYPE_CHECKING:
+    from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 
 
 @dataclass
@@ -53,14 +57,18 @@ class GraphView:
 Source = Callable[[], GraphView]
 
 
-def live_source(plugin) -> Source:
-    """The graph a scheduler plugin is building (events received so far applied first)."""
+def live_source(plugin: CruxSchedulerPlugin) -> Source:
+    """The graph a scheduler plugin is building, as applied so far.
+
+    Reading it applies nothing: events still queued appear at a later update,
+    once the plugin's periodic callback has applied them.
+    """
 
     latest: list[GraphView] = []
 
     def view() -> GraphView:
-        plugin.apply_pending()
-        current = GraphView(plugin.builder.store, plugin.builder.end)
+        builder = plugin.builder
+        current = GraphView(builder.store, builder.end)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -94,20 +102,21 @@ class RunChoice:
 class Runs:
     """The runs of a scheduler plugin: the one being recorded and the segments spooled before.
 
-    A spooled segment is read back from the spool directory when first
-    chosen, in the spool's own thread (after its write), never on the
+    A spooled segment is read back when first chosen, by the plugin's
+    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.read_spooled`, off the
     scheduler's event loop.
     """
 
-    def __init__(self, plugin: Any) -> None:
+    def __init__(self, plugin: CruxSchedulerPlugin) -> None:
         self.plugin = plugin
-        self._reads: dict[str, Any] = {}  # run id -> future of its GraphView
+        self._reads: dict[str, Future[PAG]] = {}
+        self._views: dict[str, GraphView] = {}
 
     def options(self) -> list[tuple[str, str]]:
         """``(value, label)`` pairs for a selector, the run being recorded first."""
         current = [("", f"recording: {self.plugin.builder.run_id[:12]}")]
         spooled = [(run_id, f"spooled: {run_id[:12]}")
-                   for run_id, _ in reversed(self.plugin.spooled)]
+                   for run_id in reversed(self.plugin.spooled_runs())]
         return current + spooled
 
     def view(self, run_id: str) -> GraphView | None:
@@ -120,18 +129,17 @@ class Runs:
         Exception
             Whatever reading it back raised (the spool is gone, a file is corrupt).
         """
+        view = self._views.get(run_id)
+        if view is not None:
+            return view
         read = self._reads.get(run_id)
         if read is None:
-            if run_id not in {spooled for spooled, _ in self.plugin.spooled}:
-                raise KeyError(f"no spooled run {run_id!r}")
-            read = self._reads[run_id] = self.plugin._spooler.submit(self._read, run_id)
-        return read.result() if read.done() else None
-
-    def _read(self, run_id: str) -> GraphView:
-        from crux_dask.provenance import read_dataset
-
-        pag = read_dataset(self.plugin.spool_dir, run_id)
-        return GraphView(pag.stores[0], pag.ends[0])
+            read = self._reads[run_id] = self.plugin.read_spooled(run_id)
+        if not read.done():
+            return None
+        pag = read.result()
+        view = self._views[run_id] = GraphView(pag.stores[0], pag.ends[0])
+        return view
 
 
 def chosen_source(live: Source, runs: Runs, choice: RunChoice) -> Source:

@@ -43,7 +43,8 @@ async def _attach(client: Client, worker_options: dict[str, Any]) -> None:
 def flush(client: Client) -> Any:
     """Bring every event recorded so far into the scheduler's graph.
 
-    Workers send what they buffered; the scheduler applies it, and events
+    Workers send what they buffered; the scheduler applies every event
+    received before the call, a slice per turn of its event loop, and events
     still waiting for an input that was never reported get a stand-in.
     """
     return client.sync(_flush, client)
@@ -141,8 +142,8 @@ async def _flush_worker(dask_worker: Any) -> bool:
     return True if plugin is None else await plugin.flush()
 
 
-def _apply_on_scheduler(dask_scheduler: Any) -> None:
-    _plugin(dask_scheduler).apply_pending(final=True)
+async def _apply_on_scheduler(dask_scheduler: Any) -> None:
+    await _plugin(dask_scheduler).ingest.drain()
 
 
 def _snapshot_on_scheduler(dask_scheduler: Any) -> tuple:

@@ -9,7 +9,7 @@ import time
 
 import dask
 import pytest
-from distributed.utils_test import gen_cluster
+from distributed.utils_test import async_poll_for, gen_cluster
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
@@ -137,6 +137,8 @@ def test_overview_stays_within_its_glyph_budget():
 async def test_json_api_matches_the_client_api(c, s, a, b):
     await crux_dask.attach(c)
     await c.compute(diamond())
+    # Every release done, so that no event arrives after the graph is taken.
+    await async_poll_for(lambda: not (s.tasks or a.state.tasks or b.state.tasks), timeout=10)
     pag = await crux_dask.get_pag(c)
     path = await crux_dask.get_wcp(c)
 
@@ -291,7 +293,7 @@ def test_browser_shows_the_same_path_in_the_report(tmp_path):
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.max-states": 100})
 async def test_run_selector_shows_a_spooled_run(c, s, a, b):
-    from distributed.utils_test import async_poll_for, inc
+    from distributed.utils_test import inc
 
     from crux_dask.dashboard.data import (
         PathSelection,
@@ -309,7 +311,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     assert await c.compute(step) == 300
     await crux_dask.flush(c)
     plugin = s.plugins["crux"]
-    spooled = [run_id for run_id, _ in plugin.spooled]
+    spooled = plugin.spooled_runs()
     assert len(spooled) >= 2
 
     runs = Runs(plugin)

@@ -44,6 +44,7 @@ def mpi_stage(writer: CruxWriter, source: int, start: float, stop: float, ranks:
 async def test_external_mpi_stage_between_two_dask_stages_is_on_the_path(c, s, a, b):
     await crux_dask.attach(c)
     await c.submit(lambda: time.sleep(0.05) or 1, key="prep")
+    await crux_dask.flush(c)  # the routes answer from the events applied so far
     writer = CruxWriter(address(s), TOKEN)
     [prep] = [st for st in await asyncio.to_thread(writer.states, key="prep")
               if st["thread"] is not None]

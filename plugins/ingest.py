@@ -1,0 +1,311 @@
+"""The scheduler's queue of recorded events, and the one place that applies them.
+
+Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`.  The
+graph grows from the queue in slices of at most ``slice_events`` events, each
+followed by a turn of the event loop: from the periodic callback, from a
+callback a hook schedules when the queue passes ``crux-dask.max-pending-events``,
+and from :meth:`Ingest.drain` when a client asks for the graph.  Requests to
+the dashboard read what is applied so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tornado.ioloop import IOLoop
+
+from crux_dask.codec import BatchError, decode_batch
+from crux_dask.columns import EventColumns
+from crux_dask.plugins.protocol import key_string
+
+if TYPE_CHECKING:
+    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.plugins.spool import Spool
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LOST", "SLICE_EVENTS", "TASK", "Ingest", "task_event"]
+
+#: First field of the queue entries the scheduler's transition hook records: a
+#: task that finished or failed, still in the scheduler's terms (see
+#: :func:`task_event`).  Other entries are in the builder's form already.
+TASK = object()
+#: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
+LOST = "lost"
+#: Events applied in one slice.  About 4 ms of the event loop for events in
+#: tuples on a slow machine, less for the workers' batches in columns, and
+#: enough for the builder to apply them in windows.
+SLICE_EVENTS = 2048
+
+_COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
+           "batches_in_columns", "batches_rejected", "hook_errors"]
+
+
+class Ingest:
+    """Received events, queued in order, and their application to a builder.
+
+    Parameters
+    ----------
+    builder : PAGBuilder
+        The builder of the segment being recorded.
+    spool : Spool
+        Where the graph goes when it grows past its bound.
+    max_pending : int
+        Queued events past which a hook schedules a prompt apply.
+    park_timeout : float
+        Seconds an event may wait for an input before it gets a stand-in.
+    slice_events : int
+        The most events one slice applies.  A worker's batch is applied
+        whole (its size is bounded by ``crux-dask.batch-size``), so a slice
+        holds at most ``slice_events`` events or one batch.
+
+    Attributes
+    ----------
+    builder : PAGBuilder
+        The builder of the segment being recorded (replaced when it spools).
+    queue : collections.deque
+        Events received and not applied yet: tuples, and the workers' batches
+        in columns (:class:`~crux_dask.columns.EventColumns`).
+    pending : int
+        Events in :attr:`queue`.
+    taken : int
+        Events taken from the queue since the start.
+    counts : dict of str to int
+        Batches received, in columns and rejected; events from workers,
+        applied and failed; hook errors.
+    seconds : dict of str to float
+        Time spent receiving batches and applying events.
+    last_error : str or None
+        The last event refused or hook failure.
+    """
+
+    def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
+                 park_timeout: float, slice_events: int = SLICE_EVENTS) -> None:
+        self.builder = builder
+        self.spool = spool
+        self.max_pending = max_pending
+        self.park_timeout = park_timeout
+        self.slice_events = slice_events
+        self.queue: deque[tuple | EventColumns] = deque()
+        self.pending = 0
+        self.taken = 0
+        self.counts = dict.fromkeys(_COUNTS, 0)
+        self.seconds = {"receive": 0.0, "apply": 0.0}
+        self.last_error: str | None = None
+        self._soon = False  # a callback that applies the next slice is scheduled
+
+    @property
+    def received(self) -> int:
+        """Events received since the start (taken from the queue or in it)."""
+        return self.taken + self.pending
+
+    # -- recording: cheap, never applies --------------------------------------
+    def record(self, event: tuple) -> None:
+        """Queue one event."""
+        self.queue.append(event)
+        self.pending += 1
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+
+    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the workers' event batches: check and queue; never raises.
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK", "accepted": n}``, or ``{"status": "rejected",
+            "error": ...}`` for a malformed batch (nothing of it is queued).
+        """
+        self.counts["batches_received"] += 1
+        started = time.perf_counter()
+        try:
+            decoded = decode_batch(batch)
+        except BatchError as error:
+            self.counts["batches_rejected"] += 1
+            self.last_error = f"batch rejected: {error}"
+            logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
+            return {"status": "rejected", "error": str(error)}
+        if decoded.columns is not None:
+            self.queue.append(decoded.columns)
+            self.counts["batches_in_columns"] += 1
+        else:
+            self.queue.extend(decoded.rows)
+        n = len(decoded)
+        self.pending += n
+        self.counts["events_from_workers"] += n
+        self.seconds["receive"] += time.perf_counter() - started
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+        return {"status": "OK", "accepted": n}
+
+    def apply_soon(self) -> None:
+        """Schedule slices on the running event loop until the queue is empty (once)."""
+        if not self._soon:
+            self._soon = True
+            IOLoop.current().add_callback(self._step)
+
+    def failed(self, where: str, error: Exception) -> None:
+        """Count a hook or apply that raised; log the first one."""
+        self.counts["hook_errors"] += 1
+        if self.counts["hook_errors"] == 1:
+            logger.warning("Crux %s hook failed (further failures are only counted): %r",
+                           where, error)
+        self.last_error = f"{where}: {type(error).__name__}: {error}"
+
+    # -- applying -----------------------------------------------------------------
+    def root(self, time: float, label: str) -> int:
+        """A root state now (a graph reached the scheduler); returns its id."""
+        return self.builder.root(time, label)
+
+    def add_external(self, kind: str, **fields: Any) -> int:
+        """Apply one mutation reported from outside Dask, on the graph applied so far.
+
+        ``fields`` are those of :meth:`PAGBuilder.external`; the queue is left
+        as it is.  Returns the new state's id.
+
+        Raises
+        ------
+        ValueError
+            If a source state does not exist or the kind is unknown.
+        """
+        return self.builder.external(kind, **fields)
+
+    def tick(self) -> None:
+        """The periodic callback: apply a slice, then the rest a slice per loop turn."""
+        if not self._soon:  # else the slices scheduled go on by themselves
+            self._step()
+
+    async def drain(self) -> None:
+        """Apply every event queued before the call, then resolve every waiting event.
+
+        Slices alternate with turns of the event loop.  Events still waiting
+        for an input that was never reported get the best stand-in now,
+        instead of after the park timeout.
+        """
+        target = self.received
+        while self.taken < target and self.queue:
+            self.apply_slice()
+            await asyncio.sleep(0)
+        self._resolve(None)
+
+    def apply_slice(self) -> int:
+        """Apply the oldest queued events, at most ``slice_events`` of them (or one batch).
+
+        An event that cannot be applied is counted and the others go on.
+        Returns how many events were taken from the queue.
+        """
+        started = time.perf_counter()
+        queue = self.queue
+        now = time.monotonic()
+        taken = failed = 0
+
+        def refuse(event: Any, error: Exception) -> None:
+            nonlocal failed
+            failed += 1
+            self.last_error = f"{type(error).__name__}: {error}"
+
+        parts: list[EventColumns] = []  # runs of events, applied together
+        events: list[tuple] = []
+        try:
+            while queue:
+                item = queue[0]
+                in_columns = isinstance(item, EventColumns)
+                size = len(item) if in_columns else 1
+                if taken and taken + size > self.slice_events:
+                    break
+                queue.popleft()
+                taken += size
+                if in_columns:
+                    if events:
+                        parts.append(EventColumns.from_events(events))
+                        events = []
+                    parts.append(item)
+                elif item[0] is TASK:
+                    try:
+                        events.append(task_event(item))
+                    except Exception as error:
+                        refuse(item, error)
+                elif item[0] == LOST:  # what the worker held is gone
+                    self._apply_run(parts, events, now, refuse)
+                    parts, events = [], []
+                    try:
+                        self.builder.lose(item[1], item[2])
+                    except Exception as error:
+                        refuse(item, error)
+                else:
+                    events.append(item)
+            self._apply_run(parts, events, now, refuse)
+        finally:
+            self.pending -= taken
+            self.taken += taken
+        self.counts["events_applied"] += taken - failed
+        self.counts["events_failed"] += failed
+        self._spool_if_due()
+        self.seconds["apply"] += time.perf_counter() - started
+        return taken
+
+    def _step(self) -> None:
+        self._soon = False
+        try:
+            self.apply_slice()
+            if self.queue:
+                self.apply_soon()
+            else:
+                self._resolve(time.monotonic() - self.park_timeout)
+        except Exception as error:
+            self.failed("apply", error)
+
+    def _apply_run(self, parts: list[EventColumns], events: list[tuple], now: float,
+                   refuse: Any) -> None:
+        """Apply batches received in columns, then ``events``, as one run."""
+        if not parts:
+            if events:
+                self.builder.apply_many(events, now, on_error=refuse)
+            return
+        if events:
+            parts.append(EventColumns.from_events(events))
+        self.builder.apply_columns(EventColumns.concat(parts), now, on_error=refuse)
+
+    def _resolve(self, older_than: float | None) -> None:
+        """Give waiting events a stand-in: those waiting since before ``older_than``, or all."""
+        started = time.perf_counter()
+        self.builder.resolve_parked(older_than)
+        self._spool_if_due()
+        self.seconds["apply"] += time.perf_counter() - started
+
+    def _spool_if_due(self) -> None:
+        if self.spool.due(self.builder):
+            self.builder = self.spool.spool(self.builder)
+
+
+def task_event(item: Sequence[Any]) -> tuple:
+    """The builder's ``compute`` event of a :data:`TASK` entry of the queue.
+
+    The entry is ``(TASK, key, finish, worker, thread, startstops, nbytes,
+    dependencies, prefix, group, annotation, root)``, as the transition hook
+    recorded it; the work of reading it is done here, off the hook.
+    """
+    (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
+     annotation, root) = item
+    start = stop = None
+    for interval in startstops or ():
+        if interval.get("action") == "compute":
+            start, stop = interval["start"], interval["stop"]
+    if stop is None:
+        start = stop = time.time()
+    kind = label = location = reads = None
+    if isinstance(annotation, dict):
+        kind = annotation.get("mutation")
+        label = annotation.get("label")
+        location = annotation.get("location")
+        reads = annotation.get("reads")
+        reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
+    erred = finish == "erred"
+    return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
+            tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
+            location, "erred" if erred else None, reads)

@@ -1,0 +1,202 @@
+"""Hooks and requests only record or read; the ingest applies, a bounded slice at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import dask
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils_test import async_poll_for, gen_cluster, gen_test, inc
+from tornado.httpclient import AsyncHTTPClient
+
+import crux_dask
+from crux_dask.build.builder import PAGBuilder
+from crux_dask.codec import encode_batch
+from crux_dask.dashboard.data import live_source
+from crux_dask.dashboard.steps import StepsTable
+from crux_dask.plugins.ingest import Ingest
+from crux_dask.plugins.spool import Spool
+
+TOKEN = "s3cret-token"
+DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
+
+
+def new_ingest(slice_events: int, max_pending: int = 1_000_000) -> Ingest:
+    builder = PAGBuilder()
+    builder.root(0.0)
+    return Ingest(builder, Spool(None, None), max_pending=max_pending, park_timeout=10.0,
+                  slice_events=slice_events)
+
+
+def computations(n: int, prefix: str = "t") -> list[tuple]:
+    """``n`` computations without inputs, each making one state."""
+    return [("compute", f"{prefix}-{i}", "tcp://w:1", 1, float(i), i + 0.5, 8, (), 0,
+             None, None, None, None, None, None) for i in range(n)]
+
+
+def test_a_slice_applies_at_most_slice_events():
+    ingest = new_ingest(slice_events=100)
+    for event in computations(250):
+        ingest.record(event)
+    assert ingest.builder.n_applied == 1  # recording applied nothing (the root aside)
+    assert [ingest.apply_slice() for _ in range(4)] == [100, 100, 50, 0]
+    assert ingest.builder.n_applied == 251 and ingest.pending == 0
+    assert ingest.counts["events_applied"] == 250 == ingest.received
+
+
+def test_a_worker_batch_is_applied_whole_and_alone():
+    ingest = new_ingest(slice_events=600)
+    for event in computations(100, "a"):
+        ingest.record(event)
+    reply = ingest.receive(encode_batch(computations(1000, "b"), "tcp://w:1", 1))
+    assert reply == {"status": "OK", "accepted": 1000}
+    assert ingest.counts["batches_in_columns"] == 1
+    for event in computations(10, "c"):
+        ingest.record(event)
+    # The batch does not fit after the first events, and is not split.
+    assert [ingest.apply_slice() for _ in range(4)] == [100, 1000, 10, 0]
+    assert ingest.builder.n_applied == 1 + 1110
+
+
+@gen_test()
+async def test_a_hook_past_max_pending_only_schedules_the_slices():
+    ingest = new_ingest(slice_events=100, max_pending=50)
+    for event in computations(300):
+        ingest.record(event)
+    assert ingest.builder.n_applied == 1  # scheduled, not applied
+    seen = []
+
+    def watch() -> bool:
+        seen.append(ingest.builder.n_applied)
+        return ingest.pending == 0
+
+    await async_poll_for(watch, timeout=5, period=0)
+    assert ingest.builder.n_applied == 301
+    assert all((n - 1) % 100 == 0 for n in seen)  # the loop ran between whole slices
+
+
+@gen_test()
+async def test_drain_applies_everything_in_slices_between_loop_turns():
+    ingest = new_ingest(slice_events=100)
+    for event in computations(1000):
+        ingest.record(event)
+    seen: list[int] = []
+    draining = asyncio.ensure_future(ingest.drain())
+    while not draining.done():
+        seen.append(ingest.builder.n_applied)
+        await asyncio.sleep(0)
+    await draining
+    assert ingest.builder.n_applied == 1001 and ingest.pending == 0
+    assert len(set(seen)) >= 5  # other callbacks ran while it drained
+
+
+async def flush_worker(dask_worker) -> bool:
+    return await dask_worker.plugins["crux"].flush()
+
+
+class ProbeBefore(SchedulerPlugin):
+    """Notes how many events the builder applied before Crux's own transition hook."""
+
+    name = "probe-before"
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.applied: int | None = None
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        crux = self.scheduler.plugins.get("crux")
+        self.applied = None if crux is None else crux.builder.n_applied
+
+
+class ProbeAfter(SchedulerPlugin):
+    """Checks, right after Crux's transition hook, that it applied nothing."""
+
+    name = "probe-after"
+
+    def __init__(self, scheduler, before: ProbeBefore) -> None:
+        self.scheduler = scheduler
+        self.before = before
+        self.calls = 0
+        self.pending_seen = 0
+        self.changed: list = []
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        crux = self.scheduler.plugins["crux"]
+        self.calls += 1
+        self.pending_seen = max(self.pending_seen, crux.ingest.pending)
+        if crux.builder.n_applied != self.before.applied:
+            self.changed.append((key, start, finish))
+
+
+@gen_cluster(client=True, config={"crux-dask.max-pending-events": 1,
+                                  "crux-dask.apply-interval": "1h"})
+async def test_scheduler_hooks_never_apply_even_past_max_pending(c, s, a, b):
+    before = ProbeBefore(s)
+    s.add_plugin(before)
+    await crux_dask.attach(c)
+    after = ProbeAfter(s, before)
+    s.add_plugin(after)
+    crux = s.plugins["crux"]
+    receive = s.handlers["crux_events"]
+    handler_changed = []
+
+    def watched_receive(**kwargs):
+        applied = crux.builder.n_applied
+        reply = receive(**kwargs)
+        if crux.builder.n_applied != applied:
+            handler_changed.append(reply)
+        return reply
+
+    s.handlers["crux_events"] = watched_receive
+    x = c.submit(lambda: b"x" * 1000, key="x", workers=[a.address])
+    y = c.submit(len, x, key="y", workers=[b.address])  # a transfer, reported by b
+    assert await y == 1000
+    await c.run(flush_worker)
+    # The periodic callback waits an hour: only the slices the hooks scheduled apply.
+    await async_poll_for(lambda: crux.ingest.pending == 0, timeout=10)
+    assert after.calls > 0 and after.pending_seen >= 1
+    assert after.changed == [] and handler_changed == []
+    assert crux.ingest.counts["events_from_workers"] > 0
+    pag = await crux_dask.get_pag(c)
+    assert {"x", "y"} <= set(pag.states["key"])
+    assert f"memory@{b.address}" in set(pag.states[pag.states["key"] == "x"]["location"])
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD,
+             config={"crux-dask.apply-interval": "1h", "crux-dask.http.token": TOKEN})
+async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a, b):
+    await crux_dask.attach(c)
+    crux = s.plugins["crux"]
+    started = time.time()  # when the external data is made: it does not end the workflow
+    step = 0
+    for i in range(20):
+        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
+    assert await c.compute(step) == 20
+    pending, applied = crux.ingest.pending, crux.builder.n_applied
+    assert pending >= 20  # recorded by the hook, waiting for the periodic callback
+
+    http = AsyncHTTPClient()
+    base = f"http://127.0.0.1:{s.http_server.port}"
+    stats = json.loads((await http.fetch(f"{base}/crux/api/v1/stats")).body)
+    assert stats["events_pending"] == pending
+    await http.fetch(f"{base}/crux/api/v1/states")
+    await http.fetch(f"{base}/crux/api/v1/wcp")
+    steps = StepsTable(live_source(crux))
+    steps.update()
+    posted = await http.fetch(f"{base}/crux/api/v1/states", method="POST",
+                              headers={"Authorization": f"Bearer {TOKEN}"},
+                              body=json.dumps({"key": "ext", "location": "file@h:/ext",
+                                               "time": started}))
+    assert posted.code == 201
+    # Nothing queued was applied by the requests; the write applied its own state only.
+    assert crux.ingest.pending >= pending and crux.builder.n_applied == applied + 1
+    assert json.loads(posted.body)["state_id"] == crux.builder.store.n_states - 1
+
+    pag = await crux_dask.get_pag(c)
+    assert crux.ingest.pending == 0
+    assert {f"step-{i}" for i in range(20)} <= set(pag.states["key"])
+    assert "ext" in set(pag.states["key"])
+    steps.update()
+    assert [k for k in steps.source.data["key"] if k.startswith("step-")][-1] == "step-19"

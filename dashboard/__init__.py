@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 
 __all__ = ["install"]
 
 
-def install(scheduler: Any, plugin: Any) -> bool:
+def install(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     """Add the Crux pages and JSON routes to ``scheduler``'s web server.
 
     Returns ``False`` when the scheduler runs without a web server.  Never

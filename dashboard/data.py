@@ -7,6 +7,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distributed.dashboard.components import DashboardComponent
+from distributed.utils import log_errors
+
 from crux_dask.pag import PAG
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
@@ -165,25 +168,34 @@ def static_source(pag: PAG, run_id: str | None = None) -> Source:
     return lambda: view
 
 
-class Component:
-    """Base of the dashboard components (distributed's component contract).
+class Component(DashboardComponent):
+    """Base of the Crux dashboard components: distributed's component contract.
 
-    A component owns a ``source`` and a ``root``; :meth:`update` re-renders
-    only when the graph changed since the last one, so an idle page costs
-    nothing.
+    A component owns a ``root`` (its Bokeh model) and a ``source`` (its main
+    :class:`~bokeh.models.ColumnDataSource`); :meth:`update` re-renders only
+    when the graph or the path selected changed since the last one, so an
+    idle page costs nothing, and logs what a render raises.
+
+    Parameters
+    ----------
+    data : Source
+        Where the component reads the graph.
     """
 
     def __init__(self, data: Source) -> None:
+        super().__init__()
         self.data = data
         self._version: Any = None
 
+    @log_errors
     def update(self) -> None:
+        """Render the current view if it changed since the last update."""
         view = self.data()
         if view.version == self._version:
             return
-        self._version = view.version
         self.render(view)
+        self._version = view.version
 
     def render(self, view: GraphView) -> None:
-        """Build the complete new column data from ``view``."""
+        """Build the complete new column data from ``view`` and set it at once."""
         raise NotImplementedError

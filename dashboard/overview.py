@@ -14,9 +14,11 @@ import numpy as np
 from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
 from bokeh.plotting import figure
+from distributed.utils import log_errors
 
 from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.model import location_class
+from crux_dask.store import PAGStore
 
 CLASSES = ["root", "client", "file", "disk", "memory"]
 _CLASS_CODE = {name: i for i, name in enumerate(CLASSES)}
@@ -28,11 +30,10 @@ class PAGOverview(Component):
 
     def __init__(self, data: Source, max_groups: int = 150, max_edges: int = 300,
                  max_details: int = 500, **kwargs: Any) -> None:
-        self.data = data
+        super().__init__(data)
         self.max_groups = max_groups
         self.max_edges = max_edges
         self.max_details = max_details
-        self._version: Any = None
         self._run_id: str | None = None
         self._reset()
         self.source = ColumnDataSource({c: [] for c in (
@@ -57,7 +58,7 @@ class PAGOverview(Component):
                                columns=[TableColumn(field=c, title=c) for c in DETAIL_COLUMNS],
                                **kwargs)
         self.source.selected.on_change("indices", self._drill_down)
-        self._store = None
+        self._store: PAGStore | None = None
         self.root = column(self.figure, self.table, **kwargs)
 
     def _reset(self) -> None:
@@ -78,7 +79,7 @@ class PAGOverview(Component):
         self._store = store
         self._publish(store, view)
 
-    def _fold_in(self, store) -> None:
+    def _fold_in(self, store: PAGStore) -> None:
         """Add the states and mutations that are new since the last update."""
         locations = store.locations.values
         for name in locations[len(self._class_of_location):]:
@@ -108,11 +109,12 @@ class PAGOverview(Component):
                 self._edge_count[(a, b)] = self._edge_count.get((a, b), 0) + c
             self._mutations_seen = hi
 
-    def _groups(self, store, states: np.ndarray) -> np.ndarray:
+    def _groups(self, store: PAGStore, states: np.ndarray) -> np.ndarray:
         label = store.column("key_label", store.column("state_key", states))
         klass = np.asarray(self._class_of_location)[store.column("state_location", states)]
         return label.astype("int64") * len(CLASSES) + klass
 
+    @log_errors
     def _drill_down(self, attr: str, old: list, new: list) -> None:
         """The individual states of the group clicked (the first ``max_details``)."""
         self.details.data = self.states_of(self.source.data["group"][new[0]]) if new else {
@@ -129,7 +131,7 @@ class PAGOverview(Component):
         return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
                 for c in DETAIL_COLUMNS}
 
-    def _publish(self, store, view) -> None:
+    def _publish(self, store: PAGStore, view: GraphView) -> None:
         shown = sorted(self._count, key=self._count.__getitem__, reverse=True)
         shown = shown[: self.max_groups]
         on_path: set[int] = set()

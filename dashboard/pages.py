@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import functools
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bokeh.layouts import column, row
-from bokeh.models import Div, Select, TextInput
+from bokeh.models import ColumnDataSource, Div, Select, TextInput
 from bokeh.server.server import BokehTornado
-from distributed.dashboard.components import add_periodic_callback
+from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.dashboard.core import BokehApplication
 from distributed.dashboard.scheduler import template_variables
+from distributed.utils import log_errors
 from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import (
+    Component,
     PathSelection,
     RunChoice,
     Runs,
@@ -30,6 +32,9 @@ from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
 from crux_dask.wcp import METHODS, critical_path
+
+if TYPE_CHECKING:
+    from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 
 #: Individual pages: route -> component class.
 INDIVIDUAL = {
@@ -59,31 +64,40 @@ def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) ->
     doc.theme = BOKEH_THEME
 
 
-class RunSelector:
+class RunSelector(DashboardComponent):
     """Which run the page shows: the one being recorded, or a segment spooled before it.
 
-    ``update`` (periodic) lists new segments and reports a segment being read.
+    ``source`` lists the runs (``value``, ``label``) and the selector offers
+    them; :meth:`update` (periodic) lists new segments and reports a segment
+    being read.
     """
 
-    def __init__(self, runs: Runs, choice: RunChoice, components: list) -> None:
+    def __init__(self, runs: Runs, choice: RunChoice, components: list[Component]) -> None:
+        super().__init__()
         self.runs, self.choice, self.components = runs, choice, components
-        self._options = runs.options()
-        self.select = Select(title="run", options=self._options, value="", width=260,
+        options = runs.options()
+        self.source = ColumnDataSource(_run_columns(options))
+        self.select = Select(title="run", options=options, value="", width=260,
                              name="crux-run")
         self.message = Div(text="", name="crux-run-message")
         self.root = column(self.select, self.message)
         self.select.on_change("value", self._chosen)
 
+    @log_errors
     def _chosen(self, attr: str, old: str, new: str) -> None:
         self.choice.run_id = new
         self.update()
         for component in self.components:
             component.update()
 
+    @log_errors
     def update(self) -> None:
+        """List the runs, if they changed, and say whether the one chosen can be shown."""
         options = self.runs.options()
-        if options != self._options:
-            self._options = self.select.options = options
+        columns = _run_columns(options)
+        if columns != dict(self.source.data):
+            self.source.data = columns
+            self.select.options = options
         text = ""
         if self.choice.run_id:
             try:
@@ -95,7 +109,11 @@ class RunSelector:
             self.message.text = text
 
 
-def path_controls(data: Source, selection: PathSelection, components: list) -> Any:
+def _run_columns(options: list[tuple[str, str]]) -> dict[str, list[str]]:
+    return {"value": [value for value, _ in options], "label": [label for _, label in options]}
+
+
+def path_controls(data: Source, selection: PathSelection, components: list[Component]) -> Any:
     """Start state, end state and method of the critical path shown, with error messages."""
     start = TextInput(title="from state id (empty: the graph's root)", width=220,
                       name="crux-start")
@@ -105,6 +123,7 @@ def path_controls(data: Source, selection: PathSelection, components: list) -> A
                     name="crux-method")
     message = Div(text="", name="crux-message")
 
+    @log_errors
     def changed(attr: str, old: Any, new: Any) -> None:
         try:
             chosen = PathSelection(_state_id(start.value, "from"), _state_id(end.value, "to"),
@@ -144,7 +163,7 @@ def individual_doc(cls: type, data: Source, scheduler: Any, extra: dict, doc: An
     doc.theme = BOKEH_THEME
 
 
-def install_pages(scheduler: Any, plugin: Any) -> bool:
+def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none."""
     application = getattr(scheduler, "http_application", None)
     existing = [app for app in getattr(application, "applications", [])

@@ -178,3 +178,20 @@ def test_the_graph_read_back_from_parquet_is_the_live_graph(tmp_path_factory, ba
     path = tmp_path_factory.mktemp("runs")
     write_dataset(path, live.pag())
     assert_same_graph(live, read_dataset(path))
+
+
+def test_the_end_read_back_is_the_end_the_dashboard_showed_despite_skewed_clocks():
+    # Worker B's clock runs 2 ms behind A's: the copy of x on B, and the total
+    # made from it, carry times before x's own.
+    a, b = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1"
+    live = PAGBuilder(run_id="run")
+    live.root(0.0)
+    live.compute("x", a, 1, 9.0, 10.0, 8)
+    live.transfer("x", f"memory@{a}", f"memory@{b}", 9.997, 9.998)
+    total = live.compute("total", b, 1, 9.998, 9.999, 8, ("x",))
+    assert live.end == total
+    shown = live.pag()
+    offline = PAG.from_frames(shown.states, shown.mutations)
+    assert offline.ends[0] == total
+    assert offline.wcp().states["key"].iloc[-1] == "total"
+    assert_same_graph(live, offline)

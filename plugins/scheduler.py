@@ -56,6 +56,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     ----------
     ingest : Ingest
         The queue of received events and what applies them (once started).
+    spool : Spool
+        The segments of the graph written to disk (once started).
     http_token : str or None
         The bearer token the write routes require; ``None``: writes are refused.
     http_max_body : int
@@ -64,6 +66,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         Root state of each task submitted that has not run yet.
     erred : dict of str to dict
         Worker, time and exception of each task that failed.
+
+    Notes
+    -----
+    The dashboard uses only :attr:`builder` (to read it), :meth:`stats`,
+    :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
+    :meth:`read_spooled`, :attr:`http_token` and :attr:`http_max_body`.
     """
 
     name = PLUGIN_NAME

@@ -133,6 +133,35 @@ def test_overview_stays_within_its_glyph_budget():
     assert len(overview.edges.data["x0"]) <= 20
 
 
+def test_components_follow_the_dashboard_component_contract(caplog):
+    import logging
+
+    from bokeh.models import ColumnDataSource, Model
+    from distributed.dashboard.components import DashboardComponent
+
+    b = PAGBuilder()
+    b.root(0.0)
+    for i in range(5):
+        b.compute(f"t{i}-x", "w", 1, i, i + 1, 8, (), label=f"group{i}")
+    data = static_source(b.pag())
+    for cls in (WCPTimeline, Breakdown, StepsTable, PAGOverview):
+        component = cls(data)
+        assert isinstance(component, DashboardComponent)
+        assert isinstance(component.source, ColumnDataSource)
+        assert isinstance(component.root, Model)
+        component.update()
+        before = component.source.data
+        component.update()  # the same view: nothing is rebuilt nor sent
+        assert component.source.data is before, cls.__name__
+
+    def broken():
+        raise RuntimeError("the graph is not readable")
+
+    with caplog.at_level(logging.ERROR), pytest.raises(RuntimeError):
+        StepsTable(broken).update()
+    assert "the graph is not readable" in caplog.text  # logged, as distributed's are
+
+
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
 async def test_json_api_matches_the_client_api(c, s, a, b):
     await crux_dask.attach(c)

@@ -52,7 +52,7 @@ def flush(client: Client) -> Any:
 
 async def _flush(client: Client) -> None:
     await client.run(_flush_worker)
-    await client.run_on_scheduler(_apply_on_scheduler)
+    await client.run_on_scheduler(_drain_on_scheduler)
 
 
 def get_pag(client: Client) -> Any:
@@ -142,7 +142,7 @@ async def _flush_worker(dask_worker: Any) -> bool:
     return True if plugin is None else await plugin.flush()
 
 
-async def _apply_on_scheduler(dask_scheduler: Any) -> None:
+async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).ingest.drain()
 
 

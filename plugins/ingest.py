@@ -1,6 +1,8 @@
 """The scheduler's queue of recorded events, and the one place that applies them.
 
-Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`.  The
+Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`: tuples
+in the builder's form, tasks as the transition hook recorded them
+(:mod:`crux_dask.plugins.tasks`), lost workers, and the workers' batches.  The
 graph grows from the queue in slices of at most ``slice_events`` events, each
 followed by a turn of the event loop: from the periodic callback, from a
 callback a hook schedules when the queue passes ``crux-dask.max-pending-events``,
@@ -14,14 +16,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tornado.ioloop import IOLoop
 
 from crux_dask.codec import BatchError, decode_batch
 from crux_dask.columns import EventColumns
-from crux_dask.plugins.protocol import key_string
+from crux_dask.plugins.tasks import TASK, task_event
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
@@ -29,12 +30,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOST", "SLICE_EVENTS", "TASK", "Ingest", "task_event"]
+__all__ = ["LOST", "SLICE_EVENTS", "Ingest"]
 
-#: First field of the queue entries the scheduler's transition hook records: a
-#: task that finished or failed, still in the scheduler's terms (see
-#: :func:`task_event`).  Other entries are in the builder's form already.
-TASK = object()
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
 #: Events applied in one slice.  About 4 ms of the event loop for events in
@@ -281,31 +278,3 @@ class Ingest:
     def _spool_if_due(self) -> None:
         if self.spool.due(self.builder):
             self.builder = self.spool.spool(self.builder)
-
-
-def task_event(item: Sequence[Any]) -> tuple:
-    """The builder's ``compute`` event of a :data:`TASK` entry of the queue.
-
-    The entry is ``(TASK, key, finish, worker, thread, startstops, nbytes,
-    dependencies, prefix, group, annotation, root)``, as the transition hook
-    recorded it; the work of reading it is done here, off the hook.
-    """
-    (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root) = item
-    start = stop = None
-    for interval in startstops or ():
-        if interval.get("action") == "compute":
-            start, stop = interval["start"], interval["stop"]
-    if stop is None:
-        start = stop = time.time()
-    kind = label = location = reads = None
-    if isinstance(annotation, dict):
-        kind = annotation.get("mutation")
-        label = annotation.get("label")
-        location = annotation.get("location")
-        reads = annotation.get("reads")
-        reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
-    erred = finish == "erred"
-    return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
-            tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
-            location, "erred" if erred else None, reads)

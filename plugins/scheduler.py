@@ -18,9 +18,10 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
-from crux_dask.plugins.ingest import LOST, TASK, Ingest
+from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
+from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ import msgpack
 import numpy as np
 
 from crux_dask.columns import COLUMNS_FROM, COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
-from crux_dask.events import EVENT_KINDS, TYPES, Delete, Transfer
+from crux_dask.events import EVENT_KINDS, REQUIRED, TYPES, Delete, Transfer
 from crux_dask.model import MutationKind
 
 __all__ = [
@@ -43,14 +43,15 @@ __all__ = [
     "encode_batch",
 ]
 
-VERSION = 2
+VERSION = 3
 #: Versions :func:`decode_batch` reads.
-VERSIONS = (1, 2)
+VERSIONS = (1, 3)
 #: The dtype of each column on the wire.
 WIRE_DTYPES: dict[str, str] = {
     "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
     "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
     "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
+    "requested": "<f8", "received": "<f8", "runnable": "<f8",
 }
 _STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs")
 _KIND_NAMES = {COMPUTE: "compute", TRANSFER: "transfer", DELETE: "delete", OTHER: "other"}
@@ -249,6 +250,11 @@ def _columns(strings: Any, columns: Any, others: Any) -> EventColumns:
     require(plain & (thread < NONE) | plain & ~is_c & (thread != NONE), "thread",
             "expected a thread of a computation, or -1")
     require(is_c & (root < NONE), "root", "expected a state id or -1")
+    for name in ("requested", "received", "runnable"):  # NaN: not recorded
+        values = arrays[name]
+        require(np.isinf(values), name, "expected a finite time or NaN")
+        require(~np.isnan(values) & (~plain | is_d | ~is_c & (name != "requested")), name,
+                "only a computation has it (and a transfer its request)")
 
     if not isinstance(others, list):
         raise BatchError("batch field 'others' must be an array")
@@ -277,12 +283,14 @@ def _common_event(event: Any) -> tuple | None:
         if (type(e.key) is str and type(e.location) is str and type(e.time) is float
                 and e.time - e.time == 0.0):
             return e
-    elif len(event) == 7 and event[0] == "transfer":
-        e = Transfer._make(event)
+    elif 7 <= len(event) <= 8 and event[0] == "transfer":
+        e = Transfer(*event)
         if (type(e.key) is str and type(e.source) is str and type(e.destination) is str
                 and type(e.start) is float and type(e.stop) is float
                 and e.start - e.start == 0.0 and e.stop - e.stop == 0.0 and e.stop >= e.start
-                and (e.nbytes is None or (type(e.nbytes) is int and e.nbytes >= 0))):
+                and (e.nbytes is None or (type(e.nbytes) is int and e.nbytes >= 0))
+                and (e.requested is None or (type(e.requested) is float
+                                             and e.requested - e.requested == 0.0))):
             return e
     return None
 
@@ -295,8 +303,10 @@ def _check_event(index: int, event: Any) -> tuple:
     if fields is None:
         raise BatchError(f"event {index}: unknown kind {kind!r}; expected one of "
                          f"{', '.join(EVENT_KINDS)}")
-    if len(event) != len(fields) + 1:
-        raise BatchError(f"event {index} ({kind}): expected {len(fields)} fields "
+    if not REQUIRED[kind] < len(event) <= len(fields) + 1:
+        counts = (f"{REQUIRED[kind]} to {len(fields)}" if REQUIRED[kind] < len(fields)
+                  else str(len(fields)))
+        raise BatchError(f"event {index} ({kind}): expected {counts} fields "
                          f"({', '.join(fields)}), got {len(event) - 1}")
     values = dict(zip(fields, event[1:]))
     for name, value in values.items():
@@ -363,11 +373,15 @@ def _kind(value: Any) -> str | None:
 
 #: Fields that may be nil, by event kind.
 _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"),
-             ("transfer", "nbytes")}
+             ("transfer", "nbytes"), ("transfer", "requested"),
+             *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
+                                              "released_on"))}
 
 _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,
     "location": _string, "thread": _thread, "start": _time, "stop": _time, "time": _time,
     "nbytes": _size, "inputs": _inputs, "root": _root, "label": _optional_string,
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
+    "sent": _time, "received": _time, "runnable": _time, "requested": _time,
+    "released_by": _string, "released_on": _string,
 }

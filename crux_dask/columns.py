@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from crux_dask.events import Compute, Delete, Event, Transfer
+from crux_dask.events import EVENT_KINDS, REQUIRED, Compute, Delete, Event, Transfer
 
 __all__ = ["COLUMNS_FROM", "COMPUTE", "DELETE", "OTHER", "TRANSFER", "EventColumns"]
 
@@ -36,14 +36,17 @@ COMPUTE, TRANSFER, DELETE, OTHER = 0, 1, 2, 3
 _KINDS = {"compute": COMPUTE, "transfer": TRANSFER, "delete": DELETE}
 _C, _T, _D = ({name: i for i, name in enumerate(record._fields)}
               for record in (Compute, Transfer, Delete))
-_WIDTHS = {COMPUTE: len(_C), TRANSFER: len(_T), DELETE: len(_D)}
+#: Each kind's fewest and most fields, the kind included.
+_WIDTHS = {code: (REQUIRED[name] + 1, len(EVENT_KINDS[name]) + 1)
+           for name, code in _KINDS.items()}
 #: The integer columns and what stands for "none" in them.
 NONE = -1
 #: The numeric and string-index columns, with their dtypes, in wire order.
 COLUMNS: dict[str, str] = {
     "kind": "i1", "key": "i8", "location": "i8", "source": "i8", "start": "f8",
     "stop": "f8", "nbytes": "i8", "thread": "i8", "root": "i8", "label": "i8",
-    "group": "i8", "origin": "i8", "input_count": "i8", "inputs": "i8",
+    "group": "i8", "origin": "i8", "input_count": "i8", "inputs": "i8", "requested": "f8",
+    "received": "f8", "runnable": "f8",
 }
 
 
@@ -81,6 +84,10 @@ class EventColumns:
         A computation's label, task group and origin, ``-1`` for none.
     input_count, inputs : ndarray
         A computation's inputs.
+    requested, received, runnable : ndarray of float64
+        The moments of a computation (``requested``: when the scheduler sent
+        it) and of a transfer (``requested``: when its destination asked for
+        it); NaN where not recorded.
     others : dict of int to tuple
         Events of any other form, by position.
     """
@@ -100,6 +107,9 @@ class EventColumns:
     origin: np.ndarray
     input_count: np.ndarray
     inputs: np.ndarray
+    requested: np.ndarray
+    received: np.ndarray
+    runnable: np.ndarray
     others: dict[int, Any] = field(default_factory=dict)
     _input_offset: np.ndarray | None = field(default=None, repr=False)
     #: Codes of the strings in one builder's tables, filled as windows look them up.
@@ -139,9 +149,10 @@ class EventColumns:
         if kind == DELETE:
             return Delete("delete", key, location, start)
         nbytes = int(self.nbytes[i])
+        requested = _moment(self.requested[i])
         if kind == TRANSFER:
             return Transfer("transfer", key, s[self.source[i]], location, start, stop,
-                            None if nbytes == NONE else nbytes)
+                            None if nbytes == NONE else nbytes, requested)
         offset = self.input_offset
         inputs = tuple(s[j] for j in self.inputs[offset[i]:offset[i + 1]].tolist())
         thread, label, group, origin = (int(self.thread[i]), int(self.label[i]),
@@ -149,7 +160,8 @@ class EventColumns:
         return Compute("compute", key, location, None if thread == NONE else thread, start,
                        stop, nbytes, inputs, int(self.root[i]),
                        None if label == NONE else s[label], None if group == NONE else s[group],
-                       None, None, None if origin == NONE else s[origin], None)
+                       None, None, None if origin == NONE else s[origin], None, requested,
+                       _moment(self.received[i]), _moment(self.runnable[i]))
 
     def events(self) -> list[Event]:
         """Every event, as tuples."""
@@ -170,7 +182,8 @@ class EventColumns:
             columns = {name: np.full(n, NONE, np.int64) for name in COLUMNS}
             columns.update(kind=np.full(n, OTHER, np.int8), start=np.zeros(n),
                            stop=np.zeros(n), input_count=np.zeros(n, np.int64),
-                           inputs=np.zeros(0, np.int64))
+                           inputs=np.zeros(0, np.int64),
+                           **{name: np.full(n, np.nan) for name in _MOMENTS})
             return cls([], **columns, others=dict(enumerate(events)))
 
     @classmethod
@@ -219,7 +232,8 @@ def _encode(events: list) -> EventColumns:
     head = flat[np.minimum(offsets, max(len(flat) - 1, 0))] if len(flat) else flat
     kind = np.full(n, OTHER, np.int8)
     for name, code in _KINDS.items():
-        kind[(lengths == _WIDTHS[code]) & (head == name)] = code
+        fewest, most = _WIDTHS[code]
+        kind[(lengths >= fewest) & (lengths <= most) & (head == name)] = code
     ci, ti, di = (np.flatnonzero(kind == code) for code in (COMPUTE, TRANSFER, DELETE))
     nc = len(ci)
     bad = np.zeros(n, bool)
@@ -227,16 +241,34 @@ def _encode(events: list) -> EventColumns:
     def field(at: np.ndarray, index: int) -> list:
         return flat[offsets[at] + index].tolist()
 
+    def trailing(at: np.ndarray, index: int) -> list:
+        """A field that may be left out (then None)."""
+        given = lengths[at] > index
+        values = [None] * len(at)
+        for i, value in zip(np.flatnonzero(given).tolist(), field(at[given], index)):
+            values[i] = value
+        return values
+
+    def moments(at: np.ndarray, index: int) -> np.ndarray:
+        """A time that may be None (NaN in the column); anything else not finite is bad."""
+        values = trailing(at, index)
+        if values.count(None) == len(values):
+            return np.full(len(at), np.nan)
+        present = np.fromiter((v is not None for v in values), bool, len(values))
+        numbers, wrong, _ = _numbers([0.0 if v is None else v for v in values], float)
+        bad[at] |= wrong | present & ~np.isfinite(numbers)
+        return np.where(present, numbers, np.nan)
+
     def numbers(at: np.ndarray, index: int, number: type) -> np.ndarray:
         values, wrong, _ = _numbers(field(at, index), number)
         bad[at] |= wrong
         return values
 
-    def optional(at: np.ndarray, index: int) -> np.ndarray:
+    def optional(at: np.ndarray, values: list) -> np.ndarray:
         """An integer that may be None; a negative one given is left to one by one."""
-        values, wrong, absent = _numbers(field(at, index), int, optional=True)
-        bad[at] |= wrong | ((values < 0) if absent is None else (values < 0) & ~absent)
-        return values
+        result, wrong, absent = _numbers(values, int, optional=True)
+        bad[at] |= wrong | ((result < 0) if absent is None else (result < 0) & ~absent)
+        return result
 
     start, stop = np.zeros(n), np.zeros(n)
     nbytes = np.zeros(n, np.int64)
@@ -244,13 +276,20 @@ def _encode(events: list) -> EventColumns:
     root = np.full(n, NONE, np.int64)
     start[ci], stop[ci] = numbers(ci, _C["start"], float), numbers(ci, _C["stop"], float)
     nbytes[ci] = numbers(ci, _C["nbytes"], int)
-    thread[ci] = optional(ci, _C["thread"])
+    thread[ci] = optional(ci, field(ci, _C["thread"]))
     root[ci] = numbers(ci, _C["root"], int)
     start[ti], stop[ti] = numbers(ti, _T["start"], float), numbers(ti, _T["stop"], float)
-    nbytes[ti] = optional(ti, _T["nbytes"])
+    nbytes[ti] = optional(ti, trailing(ti, _T["nbytes"]))
+    requested, received, runnable = (np.full(n, np.nan) for _ in _MOMENTS)
+    requested[ci] = moments(ci, _C["sent"])
+    received[ci] = moments(ci, _C["received"])
+    runnable[ci] = moments(ci, _C["runnable"])
+    requested[ti] = moments(ti, _T["requested"])
     start[di] = stop[di] = numbers(di, _D["time"], float)
     for name in ("mutation", "location", "reads"):  # annotations: one by one
         bad[ci] |= _is_not_none(field(ci, _C[name]))
+    bad[ci] |= _is_not_none(trailing(ci, _C["released_by"]))  # a queued task: one by one
+    bad[ci] |= _is_not_none(trailing(ci, _C["released_on"]))
     c_inputs = field(ci, _C["inputs"])
     if not set(map(type, c_inputs)) <= {tuple, list}:
         bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)
@@ -290,12 +329,15 @@ def _encode(events: list) -> EventColumns:
         columns[name] = column
 
     kind[bad] = OTHER
+    for column in (requested, received, runnable):
+        column[bad] = np.nan
     dropped = bad[input_event]
     input_count[bad] = 0
     whole = np.flatnonzero(kind == OTHER).tolist()
     original = dict(zip(whole, map(originals.__getitem__, whole)))
     return EventColumns(strings, kind, key, location, source, start, stop, nbytes, thread,
                         root, input_count=input_count, inputs=inputs[~dropped],
+                        requested=requested, received=received, runnable=runnable,
                         others=original, **columns)
 
 
@@ -410,3 +452,12 @@ def _numbers(column: list, number: type, optional: bool = False
         else:
             wrong[i] = True
     return out, wrong, absent
+
+
+_MOMENTS = ("requested", "received", "runnable")
+
+
+def _moment(value: float) -> float | None:
+    """A moment column's value as an event field: NaN is None."""
+    return None if value != value else float(value)
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["EVENT_KINDS", "Compute", "Delete", "Event", "Root", "Transfer", "parse"]
+__all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "Root", "Transfer", "parse"]
 
 
 class Root(NamedTuple):
@@ -36,6 +36,12 @@ class Compute(NamedTuple):
     (from ``dask.annotate(crux=...)``); ``origin`` says what produced the data
     (``"erred"`` for a task that failed); ``reads`` are keys of data the task
     read outside Dask.
+
+    The moments that say why the task started when it did, where recorded:
+    ``sent`` (the scheduler sent it to the worker), ``received`` (the worker
+    got it), ``runnable`` (all its inputs were in the worker's memory), and,
+    for a task the scheduler held back in its queue, ``released_by``: the key
+    of the task whose completion freed its slot, computed on ``released_on``.
     """
 
     kind: str
@@ -53,10 +59,20 @@ class Compute(NamedTuple):
     location: str | None = None
     origin: str | None = None
     reads: tuple[str, ...] | None = None
+    sent: float | None = None
+    received: float | None = None
+    runnable: float | None = None
+    released_by: str | None = None
+    released_on: str | None = None
 
 
 class Transfer(NamedTuple):
-    """The data of ``key`` moved from location ``source`` to ``destination``."""
+    """The data of ``key`` moved from location ``source`` to ``destination``.
+
+    ``requested`` is when the receiving worker asked for it, where recorded:
+    from then until ``start`` the fetch waited for the worker's transfer
+    capacity.
+    """
 
     kind: str
     key: str
@@ -65,6 +81,7 @@ class Transfer(NamedTuple):
     start: float
     stop: float
     nbytes: int | None = None
+    requested: float | None = None
 
 
 class Delete(NamedTuple):
@@ -87,6 +104,10 @@ _RECORDS = frozenset(TYPES.values())
 #: Each kind's fields after the kind, in order: the plain tuple form.
 EVENT_KINDS: dict[str, tuple[str, ...]] = {
     kind: record._fields[1:] for kind, record in TYPES.items()}
+#: Each kind's fewest fields after the kind: a plain tuple may leave out the
+#: trailing fields that have defaults (the moments, a transfer's size).
+REQUIRED: dict[str, int] = {
+    "root": 1, "compute": len(Compute._fields) - 6, "transfer": 5, "delete": 3}
 
 
 def parse(event: Sequence[Any]) -> Event:
@@ -104,7 +125,7 @@ def parse(event: Sequence[Any]) -> Event:
     except (KeyError, TypeError, IndexError):
         kind = event[0] if isinstance(event, (tuple, list)) and event else event
         raise ValueError(f"unknown event kind {kind!r}") from None
-    if len(event) != len(record._fields):
-        raise ValueError(f"a {event[0]} event has {len(record._fields) - 1} fields, "
-                         f"got {len(event) - 1}")
-    return record._make(event)
+    if not REQUIRED[event[0]] < len(event) <= len(record._fields):
+        raise ValueError(f"a {event[0]} event has {REQUIRED[event[0]]} to "
+                         f"{len(record._fields) - 1} fields, got {len(event) - 1}")
+    return record(*event)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "CAUSE_COLUMNS",
     "CLIENT",
+    "MOMENT_COLUMNS",
     "MUTATION_COLUMNS",
     "ROOT",
     "STATE_COLUMNS",
+    "CauseKind",
     "MutationKind",
     "disk_location",
     "file_location",
@@ -89,6 +92,39 @@ MUTATION_COLUMNS: dict[str, str] = {
     "key": "str",
     "worker": "str",
     "thread": "Int64",
+}
+
+class CauseKind(enum.IntEnum):
+    """Why a step started when it did, besides its data: a resource another task freed.
+
+    A *cause* links the state of the task that freed the resource to the
+    state of the task that then started.  Causes live in a table of their own,
+    beside the data mutations.
+    """
+
+    THREAD = 0  #: the task started on the executor thread the other task's completion freed
+    SLOT = 1  #: the scheduler released the task from its queue when the other one finished
+
+
+#: Columns of the cause table, with their pandas dtypes.
+CAUSE_COLUMNS: dict[str, str] = {
+    "cause_id": "int64",
+    "run_id": "str",
+    "src": "int64",
+    "dst": "int64",
+    "kind": "str",
+}
+
+#: Moments of the operations that made states, where recorded (NaN elsewhere):
+#: ``requested`` (a task sent to its worker, a fetch asked for by the receiving
+#: worker), ``received`` (the worker got the task), ``runnable`` (all the
+#: task's inputs were in its worker's memory).
+MOMENT_COLUMNS: dict[str, str] = {
+    "state_id": "int64",
+    "run_id": "str",
+    "requested": "float64",
+    "received": "float64",
+    "runnable": "float64",
 }
 
 ROOT = "root"

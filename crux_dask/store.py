@@ -15,7 +15,14 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from crux_dask.model import MUTATION_COLUMNS, STATE_COLUMNS, MutationKind
+from crux_dask.model import (
+    CAUSE_COLUMNS,
+    MOMENT_COLUMNS,
+    MUTATION_COLUMNS,
+    STATE_COLUMNS,
+    CauseKind,
+    MutationKind,
+)
 
 __all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable"]
 
@@ -94,6 +101,14 @@ class PAGStore:
     the mutation through which the state's last-arriving input came (``-1``
     for none).
 
+    Per state too, the moments of the operation that made it
+    (``requested``, ``received``, ``runnable``: NaN where not recorded, see
+    :data:`~crux_dask.model.MOMENT_COLUMNS`) and ``cause``: the cause through
+    which the resource freed last came (``-1`` for none).
+
+    Per cause: ``src``, ``dst`` (state ids) and ``kind``
+    (:class:`~crux_dask.model.CauseKind` value).
+
     Per mutation: ``src``, ``dst`` (state ids), ``kind``
     (:class:`~crux_dask.model.MutationKind` value) and ``busy``.  A
     mutation is part of the operation that created its target, so its
@@ -122,6 +137,13 @@ class PAGStore:
         self.mutation_dst = array("i")
         self.mutation_kind = array("b")
         self.mutation_busy = array("d")
+        self.state_requested = array("d")
+        self.state_received = array("d")
+        self.state_runnable = array("d")
+        self.state_cause = array("i")
+        self.cause_src = array("i")
+        self.cause_dst = array("i")
+        self.cause_kind = array("b")
 
     @property
     def n_states(self) -> int:
@@ -234,6 +256,39 @@ class PAGStore:
                 "thread": _nullable(self.column("state_thread", dst)),
             }
         ).astype(MUTATION_COLUMNS)
+
+    @property
+    def n_causes(self) -> int:
+        return len(self.cause_src)
+
+    def causes_frame(self, ids: np.ndarray | None = None) -> pd.DataFrame:
+        """The cause table, or its rows ``ids`` in that order.
+
+        Columns: :data:`crux_dask.model.CAUSE_COLUMNS`.
+        """
+        ids = np.arange(self.n_causes) if ids is None else np.asarray(ids, dtype="int64")
+        return pd.DataFrame({
+            "cause_id": ids,
+            "run_id": pd.Series([self.run_id] * len(ids), dtype="str"),
+            "src": self.column("cause_src", ids).astype("int64"),
+            "dst": self.column("cause_dst", ids).astype("int64"),
+            "kind": pd.Series(_CAUSE_NAMES[self.column("cause_kind", ids)], dtype="str"),
+        }).astype(CAUSE_COLUMNS)
+
+    def moments_frame(self) -> pd.DataFrame:
+        """The moments of the states that have any (:data:`crux_dask.model.MOMENT_COLUMNS`)."""
+        moments = {name: self.column(f"state_{name}") for name in _MOMENTS}
+        ids = np.flatnonzero(~np.all([np.isnan(v) for v in moments.values()], axis=0)) if (
+            self.n_states) else np.zeros(0, np.int64)
+        return pd.DataFrame({
+            "state_id": ids,
+            "run_id": pd.Series([self.run_id] * len(ids), dtype="str"),
+            **{name: values[ids] for name, values in moments.items()},
+        }).astype(MOMENT_COLUMNS)
+
+
+_MOMENTS = ("requested", "received", "runnable")
+_CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 
 
 def _nullable(thread: np.ndarray) -> pd.arrays.IntegerArray:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import crux_dask.build.feed as feed_module
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
 from crux_dask.columns import EventColumns
+from crux_dask.events import parse
 
 WORKERS = ["tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
 #: How far each worker's clock is off: a later state may carry an earlier time.
@@ -180,7 +181,8 @@ def state_of(builder: PAGBuilder) -> dict:
     found["live"] = dict(builder.holdings.newest)
     found["copies"] = {k: list(v.items()) for k, v in builder.holdings.others.items()}
     found["fanout"] = dict(builder.fanout.seen)
-    found["parked"] = {slot: list(events) for slot, events in builder.waiting.events.items()}
+    found["parked"] = {slot: [parse(e) for e in events]  # records or the tuples given
+                       for slot, events in builder.waiting.events.items()}
     found["parked_at"] = dict(builder.waiting.since)
     for name in ("end", "n_applied", "n_parked_total", "n_fallbacks", "n_lost", "run_root",
                  "roots"):

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
-from crux_dask.codec import COLUMNS_FROM, MAX_BATCH_BYTES
+from crux_dask.codec import COLUMNS_FROM, MAX_BATCH_BYTES, VERSION
+from crux_dask.events import parse
 
 texts = st.text(max_size=20)
 times = st.floats(0, 2e9, allow_nan=False)
@@ -28,13 +29,16 @@ def events(draw):
     start = draw(times)
     stop = start + draw(st.floats(0, 100))
     if kind == "transfer":
-        return ("transfer", draw(texts), draw(texts), draw(texts), start, stop,
-                draw(st.none() | sizes))
+        transfer = ("transfer", draw(texts), draw(texts), draw(texts), start, stop,
+                    draw(st.none() | sizes))
+        return transfer + draw(st.sampled_from([(), (None,), (start - 0.5,)]))
     return ("compute", draw(texts), draw(texts), draw(st.none() | st.integers(0, 2**62)),
             start, stop, draw(sizes), tuple(draw(st.lists(texts, max_size=4))),
             draw(st.integers(-1, 100)), draw(st.none() | texts), draw(st.none() | texts),
             draw(st.sampled_from([None, "MERGE", "append"])), draw(st.none() | texts),
-            draw(st.none() | texts), draw(st.none() | st.lists(texts, max_size=2).map(tuple)))
+            draw(st.none() | texts), draw(st.none() | st.lists(texts, max_size=2).map(tuple)),
+            *draw(st.sampled_from([(), (start - 0.1, start - 0.05, start, None, None),
+                                   (None, None, None, "other", "w")])))
 
 
 @settings(max_examples=300)
@@ -43,14 +47,14 @@ def test_round_trip(batch, source, seq):
     for columns in (True, False):
         decoded = decode_batch(encode_batch(batch, source, seq, columns=columns))
         assert (decoded.source, decoded.seq) == (source, seq)
-        assert decoded.events == batch
+        assert decoded.events == [parse(event) for event in batch]
         assert (decoded.columns is not None) == columns
 
 
 def test_a_few_events_travel_as_rows_and_many_in_columns():
     events = [("delete", f"k{i}", "memory@w", float(i)) for i in range(COLUMNS_FROM)]
     assert msgpack.unpackb(encode_batch(events[:-1]))["v"] == 1
-    assert msgpack.unpackb(encode_batch(events))["v"] == 2
+    assert msgpack.unpackb(encode_batch(events))["v"] == VERSION
     builder = PAGBuilder()
     builder.root(0.0)
     for event in events:
@@ -68,7 +72,7 @@ def test_plain_events_travel_in_columns_and_the_rest_whole():
            ("compute", "z", "w", None, 1.0, 2.0, 8, (), -1, None, None, "MERGE", None, None,
             None)]
     message = msgpack.unpackb(encode_batch(odd[:1] + plain + odd[1:], columns=True))
-    assert message["v"] == 2
+    assert message["v"] == VERSION
     assert {"y", "w", "memory@w", "memory@v", "x", "inc"} <= set(message["strings"])
     assert len(message["strings"]) == len(set(message["strings"]))
     assert list(message["columns"]["kind"]) == [3, 0, 1, 2, 3]
@@ -96,7 +100,7 @@ MALFORMED = {
     "not a map": (packed([1, 2, 3]), "must be a map"),
     "missing field": (packed({"v": 1, "source": "w", "events": []}), "has the fields"),
     "extra field": (batch_of(extra=1), "has the fields"),
-    "wrong version": (batch_of(v=3), "unsupported batch version 3"),
+    "wrong version": (batch_of(v=2), "unsupported batch version 2"),
     "boolean version": (batch_of(v=True), "unsupported batch version True"),
     "source not a string": (batch_of(source=3), "'source' must be a string"),
     "seq not an integer": (batch_of(seq="x"), "'seq' must be an integer"),
@@ -128,7 +132,7 @@ MALFORMED = {
 
 
 def columns_of(*events, **changes) -> bytes:
-    """A version 2 batch of ``events`` with some of its parts replaced."""
+    """A batch in columns of ``events`` with some of its parts replaced."""
     message = msgpack.unpackb(encode_batch(events, columns=True))
     for name, value in changes.items():
         if name in message["columns"]:
@@ -152,32 +156,43 @@ def f8(*values: float) -> bytes:
 
 
 MALFORMED |= {
-    "v2 missing columns": (columns_of(TRANSFER, columns={}), "'columns' must map"),
-    "v2 rows field": (columns_of(TRANSFER, events=[]), "version 2 batch has the fields"),
-    "v2 strings not strings": (columns_of(TRANSFER, strings=[1, 2, 3]),
+    "moment not a number": (batch_of([*COMPUTE, "soon"]), "field 'sent': expected a number"),
+    "infinite moment": (batch_of([*TRANSFER, math.inf]), "field 'requested'.*finite"),
+    "released by no key": (batch_of([*COMPUTE, None, None, None, 7, "w"]),
+                           "field 'released_by': expected a string"),
+    "columns: infinite moment": (columns_of(COMPUTE, runnable=f8(math.inf)),
+                                 "'runnable': expected a finite time"),
+    "columns: a release with a moment": (columns_of(DELETE, requested=f8(1.0)),
+                                         "'requested': only a computation"),
+    "columns: a transfer received": (columns_of(TRANSFER, received=f8(1.0)),
+                                     "'received': only a computation"),
+    "columns: missing columns": (columns_of(TRANSFER, columns={}), "'columns' must map"),
+    "rows field in columns": (columns_of(TRANSFER, events=[]),
+                              f"version {VERSION} batch has the fields"),
+    "columns: strings not strings": (columns_of(TRANSFER, strings=[1, 2, 3]),
                                "'strings' must be an array of strings"),
-    "v2 column not bytes": (columns_of(TRANSFER, key=[0]), "column 'key' must be bytes"),
-    "v2 ragged column": (columns_of(TRANSFER, key=b"\x00\x00\x00"), "column 'key' must be"),
-    "v2 short column": (columns_of(TRANSFER, DELETE, start=f8(1.0)),
+    "columns: column not bytes": (columns_of(TRANSFER, key=[0]), "column 'key' must be bytes"),
+    "columns: ragged column": (columns_of(TRANSFER, key=b"\x00\x00\x00"), "column 'key' must be"),
+    "columns: short column": (columns_of(TRANSFER, DELETE, start=f8(1.0)),
                         "column 'start' has 1 values for 2 events"),
-    "v2 unknown kind": (columns_of(TRANSFER, kind=b"\x07"), "kind.*expected 0 to 3"),
-    "v2 string out of range": (columns_of(TRANSFER, key=i4(99)),
+    "columns: unknown kind": (columns_of(TRANSFER, kind=b"\x07"), "kind.*expected 0 to 3"),
+    "columns: string out of range": (columns_of(TRANSFER, key=i4(99)),
                                "column 'key': expected an index of a string"),
-    "v2 negative index": (columns_of(TRANSFER, location=i4(-5)), "column 'location'"),
-    "v2 input out of range": (columns_of(COMPUTE, inputs=i4(1000)),
+    "columns: negative index": (columns_of(TRANSFER, location=i4(-5)), "column 'location'"),
+    "columns: input out of range": (columns_of(COMPUTE, inputs=i4(1000)),
                               "event 0 \\(compute\\) column 'inputs'"),
-    "v2 inputs miscounted": (columns_of(COMPUTE, inputs=i4(0, 0)), "input_count says 1"),
-    "v2 nan time": (columns_of(DELETE, start=f8(math.nan), stop=f8(math.nan)),
+    "columns: inputs miscounted": (columns_of(COMPUTE, inputs=i4(0, 0)), "input_count says 1"),
+    "columns: nan time": (columns_of(DELETE, start=f8(math.nan), stop=f8(math.nan)),
                     "expected finite times"),
-    "v2 reversed times": (columns_of(TRANSFER, stop=f8(0.5)), "stop is before start"),
-    "v2 negative size": (columns_of(COMPUTE, nbytes=np.array([-8], "<i8").tobytes()),
+    "columns: reversed times": (columns_of(TRANSFER, stop=f8(0.5)), "stop is before start"),
+    "columns: negative size": (columns_of(COMPUTE, nbytes=np.array([-8], "<i8").tobytes()),
                          "column 'nbytes'"),
-    "v2 release with a source": (columns_of(DELETE, source=i4(0)), "only a transfer has"),
-    "v2 other without its event": (columns_of(DELETE, kind=b"\x03"),
+    "columns: release with a source": (columns_of(DELETE, source=i4(0)), "only a transfer has"),
+    "columns: other without its event": (columns_of(DELETE, kind=b"\x03"),
                                    "exactly the events of kind 3"),
-    "v2 bad other": (columns_of(("root", 1.0, "g"), others=[[0, ["root", "noon", "g"]]]),
+    "columns: bad other": (columns_of(("root", 1.0, "g"), others=[[0, ["root", "noon", "g"]]]),
                      "event 0 \\(root\\) field 'time'"),
-    "v2 others twice": (columns_of(("root", 1.0, "g"),
+    "columns: others twice": (columns_of(("root", 1.0, "g"),
                                    others=[[0, ["root", 1.0, "g"]], [0, ["root", 1.0, "g"]]]),
                         "\\[position, event\\] pairs"),
 }

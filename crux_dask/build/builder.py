@@ -33,7 +33,7 @@ from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, Root, Transfer, parse
-from crux_dask.model import ROOT, MutationKind
+from crux_dask.model import ROOT, CauseKind, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ __all__ = ["PAGBuilder"]
 
 _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPEND),
                                int(MutationKind.DELETE))
+_THREAD, _SLOT = int(CauseKind.THREAD), int(CauseKind.SLOT)
+_NAN = float("nan")
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 _AWAITED = ("memory@", "disk@")
 
@@ -68,6 +70,8 @@ class PAGBuilder:
         The state of the ``SPLIT`` and end-of-graph rules.
     roots : set of int
         The root states; ``run_root`` is the first.
+    threads : rules.ThreadLanes
+        The last task computed on each executor thread.
     n_applied, n_fallbacks, n_lost : int
         Events turned into states; inputs that never arrived and were replaced
         by the best state known; copies released because their worker was lost.
@@ -80,6 +84,7 @@ class PAGBuilder:
         self.fanout = rules.FanOut()
         self.ends = rules.EndTracker()
         self.roots: set[int] = set()
+        self.threads = rules.ThreadLanes()
         self.run_root = -1
         self.n_applied = self.n_fallbacks = self.n_lost = 0
         self._root_key = store.key_code(ROOT, ROOT, "crux")
@@ -211,11 +216,12 @@ class PAGBuilder:
         return sid
 
     def _compute(self, event: Any, now: float = 0.0) -> int | None:
-        e = event if type(event) is Compute else Compute._make(event)
+        e = event if type(event) is Compute else Compute(*event)
         busy = e.stop - e.start  # refuse a malformed event before anything changes
         index(e.nbytes)
         if e.thread is not None:
             index(e.thread)
+        moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable))
         kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
         store, holdings = self.store, self.holdings
         memory = self.places.memory_of(e.worker)
@@ -251,17 +257,19 @@ class PAGBuilder:
                     Root("root", e.start))
             sources.append(root)
         location = memory if e.location is None else self.places.code(e.location)
+        causes = self._causes(e, memory, sources, moments)
         dst = self.new_state(key, location, self.places.worker[memory], e.thread, e.nbytes,
-                              e.start, e.stop, e.stop, sources, kind, busy)
+                             e.start, e.stop, e.stop, sources, kind, busy, moments, causes)
         if location != memory:
             self._hold(e.key, memory, dst)
         return self.applied(dst)
 
     def _transfer(self, event: Any, now: float = 0.0) -> int | None:
-        e = event if type(event) is Transfer else Transfer._make(event)
+        e = event if type(event) is Transfer else Transfer(*event)
         busy = e.stop - e.start
         if e.nbytes is not None:
             index(e.nbytes)
+        requested = rules.moment(e.requested)
         store, places = self.store, self.places
         source = places.code(e.source)
         src = self.holdings.at(e.key, source)
@@ -276,10 +284,10 @@ class PAGBuilder:
             places.worker[source] if worker == NO_CODE else worker, None,
             store.state_size[src] if e.nbytes is None else e.nbytes, e.start, e.stop,
             rules.copy_ready(store.state_ready[src], e.start, e.stop), (src,), _TRANSFER,
-            busy))
+            busy, (requested, _NAN, _NAN)))
 
     def _delete(self, event: Any, now: float = 0.0) -> int | None:
-        e = event if type(event) is Delete else Delete._make(event)
+        e = event if type(event) is Delete else Delete(*event)
         time = e.time + 0.0
         store = self.store
         location = store.locations.codes.get(e.location)
@@ -338,9 +346,14 @@ class PAGBuilder:
 
     # -- internals --------------------------------------------------------------
     def _add_state(self, key: int, location: int, worker: int, thread: int, size: int,
-                   start: float, time: float, ready: float, pred: int) -> int:
+                   start: float, time: float, ready: float, pred: int,
+                   moments: tuple[float, float, float] = (_NAN, _NAN, _NAN)) -> int:
         store = self.store
         sid = store.n_states
+        store.state_requested.append(moments[0])
+        store.state_received.append(moments[1])
+        store.state_runnable.append(moments[2])
+        store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)
         store.state_ready.append(ready)
@@ -361,11 +374,15 @@ class PAGBuilder:
 
     def new_state(self, key: int, location: int, worker: int | None, thread: int | None,
                   size: int, start: float, time: float, ready: float, sources: Sequence[int],
-                  kind: int, busy: float) -> int:
+                  kind: int, busy: float,
+                  moments: tuple[float, float, float] = (_NAN, _NAN, _NAN),
+                  causes: Sequence[tuple[int, int]] = ()) -> int:
         """Add a state made by ``kind`` from ``sources``, held at ``location``; its id.
 
         ``key``, ``location`` and ``worker`` are codes (``worker`` ``None``:
-        the location's).  The state's last-arriving input, what is held where
+        the location's).  ``moments`` are the operation's ``requested``,
+        ``received`` and ``runnable`` times, ``causes`` ``(state, CauseKind)``
+        pairs.  The state's last-arriving input and cause, what is held where
         and the graph's end follow the rules; waiting events are released by
         :meth:`applied`.
         """
@@ -374,13 +391,46 @@ class PAGBuilder:
         pred = store.n_mutations + rules.last_arriving([ready_of[s] for s in sources])
         sid = self._add_state(key, location, self.places.worker[location] if worker is None
                               else worker, NO_THREAD if thread is None else thread, size,
-                              start, time, ready, pred)
+                              start, time, ready, pred, moments)
         for src in sources:
             self._add_mutation(src, sid, kind, busy)
+        if causes:
+            time_of = store.state_time
+            store.state_cause[sid] = store.n_causes + rules.last_arriving(
+                [time_of[src] for src, _ in causes])
+            for src, cause in causes:
+                store.cause_src.append(src)
+                store.cause_dst.append(sid)
+                store.cause_kind.append(cause)
         if location != self.places.root:
             self._hold(store.keys.values[key], location, sid)
             self.ends.add(sid, time, sources)
         return sid
+
+    def _causes(self, e: Compute, memory: int, sources: list[int],
+                moments: tuple[float, float, float]) -> list[tuple[int, int]]:
+        """The resources whose release a task computed from ``sources`` may have waited for.
+
+        The task before it on its thread (:func:`rules.thread_caused`), and
+        the task whose completion released it from the scheduler's queue.
+        """
+        causes = []
+        store = self.store
+        if e.thread is not None:
+            ready_of = store.state_ready
+            inputs_ready = ready_of[sources[rules.last_arriving([ready_of[s] for s in sources])]]
+            before = self.threads.cause(memory, e.thread, store.n_states,  # the id it gets
+                                        rules.runnable(moments, inputs_ready), store.state_time)
+            if before is not None:
+                causes.append((before, _THREAD))
+        if e.released_by is not None and e.released_on is not None:
+            where = self.places.memory_of(e.released_on)
+            freed_by = self.holdings.at(e.released_by, where)
+            if freed_by is None:
+                freed_by = self.holdings.released_at(e.released_by, where)
+            if freed_by is not None:
+                causes.append((freed_by, _SLOT))
+        return causes
 
     def applied(self, sid: int) -> int:
         """An event made ``sid``: count it, apply the events that waited for it; ``sid``."""

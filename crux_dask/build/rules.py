@@ -19,6 +19,12 @@ one.
   tombstone, except that a state made from the end becomes the end whatever
   the clocks say (:class:`EndTracker`): workers convert their times to the
   scheduler's clock with estimates that disagree by milliseconds.
+* **Causes** besides data: a task that was runnable before the task ahead
+  of it on its executor thread finished waited for that thread
+  (:func:`thread_caused`); where the worker did not say when the task became
+  runnable, it was runnable once it was sent and its inputs were ready
+  (:func:`runnable`).  Of a step's causes, the one released last is the one
+  the critical path follows.
 * **Label** of a key without one: Dask's own ``key_split``.
 """
 
@@ -34,17 +40,23 @@ from crux_dask.model import MutationKind
 __all__ = [
     "EndTracker",
     "FanOut",
+    "ThreadLanes",
     "copies_ready",
     "copy_ready",
     "key_label",
     "last_arriving",
     "last_arriving_per_target",
+    "moment",
+    "runnable",
+    "runnables",
     "task_kind",
     "task_kinds",
+    "thread_caused",
 ]
 
 APPEND, CONVERT, MERGE, SPLIT = (int(MutationKind.APPEND), int(MutationKind.CONVERT),
                                  int(MutationKind.MERGE), int(MutationKind.SPLIT))
+_NAN = float("nan")
 #: What :class:`FanOut` remembers of a source before any task read it.
 _NO_GROUP = -2
 
@@ -190,6 +202,102 @@ def last_arriving_per_target(ready: np.ndarray, mutations: np.ndarray, dst: np.n
     best = last_arriving_segments(ready, starts, lengths)
     pred[dst[starts]] = mutations[starts + best]
     return pred
+
+
+# -- causes besides data ------------------------------------------------------
+def moment(value: float | None) -> float:
+    """A recorded moment as a number: NaN for none.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If the value is not a finite number.
+    """
+    if value is None:
+        return _NAN
+    value = value + 0.0
+    if value - value != 0.0:
+        raise ValueError(f"a moment must be a finite time, got {value!r}")
+    return value
+
+
+def runnable(moments: tuple[float, float, float], inputs_ready: float) -> float:
+    """When a task could have run: recorded, or once sent and its inputs ready.
+
+    ``moments`` are its ``requested`` (sent), ``received`` and ``runnable``
+    times (NaN where not recorded).
+    """
+    recorded = moments[2]
+    if recorded == recorded:
+        return recorded
+    sent = moments[0]
+    if sent != sent:
+        return inputs_ready
+    return sent if not sent <= inputs_ready else inputs_ready
+
+
+def runnables(requested: np.ndarray, recorded: np.ndarray, inputs_ready: np.ndarray
+              ) -> np.ndarray:
+    """:func:`runnable` of many tasks."""
+    return np.where(np.isnan(recorded), np.fmax(requested, inputs_ready), recorded)
+
+
+def thread_caused(runnable: float, freed: float) -> bool:
+    """Whether a task runnable at ``runnable`` waited for its thread, freed at ``freed``."""
+    return runnable <= freed
+
+
+class ThreadLanes:
+    """Per executor thread, the last task computed on it, and who waited for whom.
+
+    Attributes
+    ----------
+    last : dict
+        ``(memory location code, thread)`` -> the state of the last task
+        computed on that thread of that worker.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int], int] = {}
+
+    def cause(self, memory: int, thread: int, state: int, runnable: float,
+              time_of: Sequence[float]) -> int | None:
+        """The task whose completion freed the thread ``state``'s task ran on, if it waited.
+
+        ``state`` becomes the lane's last task; ``time_of`` is the state-time
+        column.
+        """
+        before = self.last.get((memory, thread))
+        self.last[memory, thread] = state
+        if before is not None and thread_caused(runnable, time_of[before]):
+            return before
+        return None
+
+    def causes(self, memory: np.ndarray, thread: np.ndarray, states: np.ndarray,
+               runnable: np.ndarray, time_of) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`cause` of many tasks, in the order of ``states`` (ascending).
+
+        ``thread`` is ``-1`` for a task not run on a thread; ``time_of`` maps
+        state ids to their times.  Returns the causes' sources and targets.
+        """
+        on_thread = thread >= 0
+        memory, thread, states, runnable = (memory[on_thread], thread[on_thread],
+                                            states[on_thread], runnable[on_thread])
+        if not len(states):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        lanes, lane = np.unique(np.stack([memory, thread], 1), axis=0, return_inverse=True)
+        order = np.argsort(lane.reshape(-1), kind="stable")
+        lane, states, runnable = lane.reshape(-1)[order], states[order], runnable[order]
+        first = np.r_[True, lane[1:] != lane[:-1]]
+        last = np.r_[first[1:], True]
+        before = np.empty(len(states), np.int64)
+        before[1:] = states[:-1]
+        before[first] = [self.last.get(tuple(pair), -1) for pair in lanes[lane[first]].tolist()]
+        self.last.update(zip(map(tuple, lanes[lane[last]].tolist()), states[last].tolist()))
+        known = np.flatnonzero(before >= 0)
+        caused = known[runnable[known] <= time_of(before[known])]
+        by_target = np.argsort(states[caused])
+        return before[caused][by_target], states[caused][by_target]
 
 
 # -- the end of the graph -----------------------------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 
 from crux_dask.build import arrays, rules
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
-from crux_dask.model import MutationKind
+from crux_dask.model import CauseKind, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD
 
 if TYPE_CHECKING:
@@ -165,11 +165,12 @@ class _Window:
                   "nbytes": columns.nbytes[at_c], "thread": columns.thread[at_c],
                   "memory": c_memory[keep_c], "label": c_label_code[keep_c],
                   "group": c_group_code[keep_c], "origin": c_origin_code[keep_c],
-                  "root": c_root_state[keep_c]}
+                  "root": c_root_state[keep_c], "requested": columns.requested[at_c],
+                  "received": columns.received[at_c], "runnable": columns.runnable[at_c]}
         self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],
                   "nbytes": t_nbytes, "no_nbytes": t_nbytes < 0,
                   "source": t_source_code[keep_t], "src": t_src[keep_t],
-                  "before": t_before[keep_t]}
+                  "before": t_before[keep_t], "requested": columns.requested[at_t]}
         self.d = {"time": columns.start[at_d], "src": d_src[keep_d]}
 
     def _labels(self, columns: EventColumns, at: np.ndarray, keys: list[str]
@@ -277,8 +278,9 @@ class _Window:
         c_src[takes_input] = self.input_src
         c_src[c_first[no_inputs]] = c["root"][no_inputs]
         pred = first_mutation.copy()
-        pred[ci] += rules.last_arriving_segments(
-            arrays.values_of(ready, c_src, base, store, "state_ready"), c_first, c_mutations)
+        src_ready = arrays.values_of(ready, c_src, base, store, "state_ready")
+        last_input = rules.last_arriving_segments(src_ready, c_first, c_mutations)
+        pred[ci] += last_input
         c_kind = rules.task_kinds(n_inputs)
         single = np.flatnonzero(n_inputs == 1)
         c_kind[single] = builder.fanout.kinds(
@@ -297,7 +299,19 @@ class _Window:
                                       [len(ti), len(di)])
         m_busy[copy_rows[:len(ti)]] = t["stop"] - t["start"]
 
-        # Append: labels, keys, states, mutations.
+        # Moments, and the tasks that waited for their thread.
+        moments = {name: np.full(f, np.nan) for name in ("requested", "received", "runnable")}
+        for name in moments:
+            moments[name][ci] = c[name]
+        moments["requested"][ti] = t["requested"]
+        cause_src, cause_dst = builder.threads.causes(
+            c["memory"], c["thread"], base + ci,
+            rules.runnables(c["requested"], c["runnable"], src_ready[c_first + last_input]),
+            lambda states: arrays.values_of(time, states, base, store, "state_time"))
+        cause = np.full(f, -1, np.int64)
+        cause[cause_dst - base] = store.n_causes + np.arange(len(cause_dst))
+
+        # Append: labels, keys, states, mutations, causes.
         n_labels = len(store.labels)
         for label in self.new_labels[:len(np.unique(c["label"][c["label"] >= n_labels]))]:
             store.labels.code(label)
@@ -307,8 +321,12 @@ class _Window:
         for name, values in (("time", time), ("start", start), ("ready", ready),
                              ("size", size), ("key", key_code),
                              ("location", self.ev_location), ("worker", worker),
-                             ("thread", thread), ("pred", pred)):
+                             ("thread", thread), ("pred", pred), ("cause", cause),
+                             *moments.items()):
             arrays.extend(getattr(store, f"state_{name}"), values)
+        arrays.extend(store.cause_src, cause_src)
+        arrays.extend(store.cause_dst, cause_dst)
+        arrays.extend(store.cause_kind, np.full(len(cause_dst), CauseKind.THREAD))
         for name, values in (("src", m_src), ("dst", np.repeat(ids, n_mutations)),
                              ("kind", m_kind), ("busy", m_busy)):
             arrays.extend(getattr(store, f"mutation_{name}"), values)

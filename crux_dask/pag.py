@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from crux_dask.model import MUTATION_COLUMNS, STATE_COLUMNS
+from crux_dask.model import CAUSE_COLUMNS, MOMENT_COLUMNS, MUTATION_COLUMNS, STATE_COLUMNS
 from crux_dask.rebuild import end_state, store_from_frames
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
@@ -31,13 +31,17 @@ class PAG:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def from_frames(cls, states: pd.DataFrame, mutations: pd.DataFrame) -> PAG:
-        """A PAG from data-state and data-mutation tables (columns of :mod:`crux_dask.model`).
+    def from_frames(cls, states: pd.DataFrame, mutations: pd.DataFrame,
+                    causes: pd.DataFrame | None = None,
+                    moments: pd.DataFrame | None = None) -> PAG:
+        """A PAG from its tables (columns of :mod:`crux_dask.model`).
 
         Within a run, ``state_id`` must number the states ``0..n-1`` and every
-        mutation must go from a lower to a higher state id (the order in which
-        states are created), which is how the live graph and its exports are
-        numbered.
+        mutation and cause must go from a lower to a higher state id (the
+        order in which states are created), which is how the live graph and
+        its exports are numbered.  ``causes`` and ``moments`` are optional:
+        without them the critical path follows data alone, and the time
+        before each operation is ``wait``.
 
         Raises
         ------
@@ -46,6 +50,10 @@ class PAG:
         """
         _require_columns("states", states, STATE_COLUMNS)
         _require_columns("mutations", mutations, MUTATION_COLUMNS)
+        if causes is not None:
+            _require_columns("causes", causes, CAUSE_COLUMNS)
+        if moments is not None:
+            _require_columns("moments", moments, MOMENT_COLUMNS)
         run_ids = list(dict.fromkeys(states["run_id"].tolist()))
         unknown = set(mutations["run_id"].tolist()) - set(run_ids)
         if unknown:
@@ -55,7 +63,11 @@ class PAG:
             run_states = states[states["run_id"] == run_id].sort_values("state_id")
             run_mutations = mutations[mutations["run_id"] == run_id].sort_values(
                 "mutation_id")
-            stores.append(store_from_frames(run_id, run_states, run_mutations))
+            stores.append(store_from_frames(
+                run_id, run_states, run_mutations,
+                None if causes is None else
+                causes[causes["run_id"] == run_id].sort_values("cause_id"),
+                None if moments is None else moments[moments["run_id"] == run_id]))
         return cls(stores)
 
     # -- tables -------------------------------------------------------------
@@ -72,6 +84,16 @@ class PAG:
     def mutations(self) -> pd.DataFrame:
         """All data mutations (:data:`crux_dask.model.MUTATION_COLUMNS`)."""
         return _concat([s.mutations_frame() for s in self.stores], MUTATION_COLUMNS)
+
+    @property
+    def causes(self) -> pd.DataFrame:
+        """All causes besides data (:data:`crux_dask.model.CAUSE_COLUMNS`)."""
+        return _concat([s.causes_frame() for s in self.stores], CAUSE_COLUMNS)
+
+    @property
+    def moments(self) -> pd.DataFrame:
+        """The recorded moments of operations (:data:`crux_dask.model.MOMENT_COLUMNS`)."""
+        return _concat([s.moments_frame() for s in self.stores], MOMENT_COLUMNS)
 
     def __len__(self) -> int:
         return sum(s.n_states for s in self.stores)

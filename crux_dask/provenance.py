@@ -6,6 +6,9 @@ Layout of a dataset directory (several runs, one partition each)::
                                            Python versions, cluster shape, config
     states.parquet/run_id=<id>/part-0.parquet
     mutations.parquet/run_id=<id>/...
+    causes.parquet/run_id=<id>/...         causes besides data (a freed thread or slot)
+    moments.parquet/run_id=<id>/...        when operations were requested, received,
+                                           runnable
     tasks.parquet/run_id=<id>/...          one row per computed task
     transitions.parquet/run_id=<id>/...    scheduler transitions (when recorded)
     wcp.parquet/run_id=<id>/...            the observed critical path's steps
@@ -28,13 +31,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from crux_dask.model import ROOT, MutationKind
 from crux_dask.pag import PAG
-from crux_dask.rebuild import store_from_columns
-from crux_dask.store import NO_THREAD, PAGStore
+from crux_dask.tables import (
+    causes_table,
+    moments_table,
+    mutations_table,
+    schemas,
+    states_table,
+    store_from_arrow,
+    tasks_table,
+    to_pandas,
+    unique,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -46,8 +56,10 @@ __all__ = [
     "write_dataset",
 ]
 
-SCHEMA_VERSION = 1
-TABLES = ("states", "mutations", "tasks", "transitions", "wcp")
+SCHEMA_VERSION = 2
+#: Versions :func:`read_dataset` reads: version 1 had no causes or moments.
+SCHEMA_VERSIONS = (1, 2)
+TABLES = ("states", "mutations", "causes", "moments", "tasks", "transitions", "wcp")
 METADATA = "metadata.json"
 
 
@@ -55,173 +67,9 @@ class ProvenanceError(ValueError):
     """A provenance dataset that cannot be read; the message names the file."""
 
 
-def _schemas() -> dict[str, Any]:
-    import pyarrow as pa
-
-    text = pa.dictionary(pa.int32(), pa.string())
-    return {
-        "states": pa.schema([
-            ("state_id", pa.int64()), ("key", text), ("label", text), ("size", pa.int64()),
-            ("time", pa.float64()), ("origin", text), ("location", text),
-            ("worker", text), ("thread", pa.int64()),
-        ]),
-        "mutations": pa.schema([
-            ("mutation_id", pa.int64()), ("src", pa.int64()), ("dst", pa.int64()),
-            ("kind", text), ("cost", pa.float64()), ("busy", pa.float64()),
-            ("start", pa.float64()), ("stop", pa.float64()), ("key", text), ("worker", text),
-            ("thread", pa.int64()),
-        ]),
-        "tasks": pa.schema([
-            ("key", pa.string()), ("prefix", text), ("state_id", pa.int64()),
-            ("dependencies", pa.list_(pa.string())), ("worker", text), ("thread", pa.int64()),
-            ("compute_start", pa.float64()), ("compute_stop", pa.float64()),
-            ("nbytes", pa.int64()), ("final_state", text),
-        ]),
-        "transitions": pa.schema([
-            ("key", pa.string()), ("start", text), ("finish", text), ("time", pa.float64()),
-            ("location", text), ("stimulus_id", pa.string()),
-        ]),
-        "wcp": pa.schema([
-            ("step", pa.int64()), ("mutation_id", pa.int64()), ("kind", text),
-            ("category", text), ("key", pa.string()), ("label", text), ("source", text),
-            ("destination", text), ("size", pa.int64()), ("start", pa.float64()),
-            ("stop", pa.float64()), ("cost", pa.float64()), ("busy", pa.float64()),
-            ("wait", pa.float64()),
-        ]),
-    }
-
-
-def _dictionary(codes: np.ndarray, values: list[str] | Any) -> Any:
-    """An Arrow dictionary array from codes into ``values`` (-1 is null).
-
-    ``values`` may repeat a string (the key table does, for recomputed data):
-    the dictionary written is made unique first.  ``values`` may also be the
-    result of :func:`_unique` of them, to encode a large table only once.
-    """
-    import pyarrow as pa
-
-    unique = values if isinstance(values, pa.DictionaryArray) else _unique(values)
-    remap = unique.indices.to_numpy(zero_copy_only=False).astype("int32")
-    codes = np.asarray(codes)
-    missing = codes < 0
-    indices = remap[np.where(missing, 0, codes)] if len(remap) else np.zeros(len(codes),
-                                                                              "int32")
-    return pa.DictionaryArray.from_arrays(pa.array(indices, mask=missing, type=pa.int32()),
-                                          unique.dictionary)
-
-
-def _unique(values: list[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array(values, type=pa.string()).dictionary_encode()
-
-
-def _threads(thread: np.ndarray) -> Any:
-    import pyarrow as pa
-
-    return pa.array(thread, mask=thread == NO_THREAD, type=pa.int64())
-
-
-def states_table(store: PAGStore, keys: Any = None) -> Any:
-    """The data-state table of a store as Arrow, straight from its columns.
-
-    ``keys`` is the store's key table once made unique (:func:`_unique`), when
-    the caller encodes several tables.
-    """
-    import pyarrow as pa
-
-    key = store.column("state_key")
-    labels = store.labels.values
-    return pa.Table.from_arrays([
-        pa.array(np.arange(store.n_states), type=pa.int64()),
-        _dictionary(key, store.keys.values if keys is None else keys),
-        _dictionary(store.column("key_label")[key], labels),
-        pa.array(store.column("state_size"), type=pa.int64()),
-        pa.array(store.column("state_time"), type=pa.float64()),
-        _dictionary(store.column("key_origin")[key], labels),
-        _dictionary(store.column("state_location"), store.locations.values),
-        _dictionary(store.column("state_worker"), store.workers.values),
-        _threads(store.column("state_thread")),
-    ], schema=_schemas()["states"])
-
-
-def mutations_table(store: PAGStore, keys: Any = None) -> Any:
-    """The data-mutation table of a store as Arrow, straight from its columns."""
-    import pyarrow as pa
-
-    src = store.column("mutation_src").astype("int64")
-    dst = store.column("mutation_dst").astype("int64")
-    time = store.column("state_time")
-    kinds = [k.name for k in MutationKind]
-    return pa.Table.from_arrays([
-        pa.array(np.arange(store.n_mutations), type=pa.int64()),
-        pa.array(src), pa.array(dst),
-        _dictionary(store.column("mutation_kind").astype("int32"), kinds),
-        pa.array(time[dst] - time[src], type=pa.float64()),
-        pa.array(store.column("mutation_busy"), type=pa.float64()),
-        pa.array(store.column("state_start")[dst], type=pa.float64()),
-        pa.array(time[dst], type=pa.float64()),
-        _dictionary(store.column("state_key")[dst], store.keys.values if keys is None else keys),
-        _dictionary(store.column("state_worker")[dst], store.workers.values),
-        _threads(store.column("state_thread")[dst]),
-    ], schema=_schemas()["mutations"])
-
-
-def tasks_table(store: PAGStore) -> Any:
-    """One row per task computed in a run: where, when, from what, and how it ended.
-
-    A task's state is the one computed on an executor thread, whatever the
-    kind of its mutations (an annotation may make a task a TRANSFER or a DELETE).
-    """
-    import pyarrow as pa
-
-    thread = store.column("state_thread")
-    made = np.flatnonzero(thread != NO_THREAD)
-    src = store.column("mutation_src").astype("int64")
-    dst = store.column("mutation_dst").astype("int64")
-    kind = store.column("mutation_kind")
-    location = store.column("state_location")
-    root = store.locations.codes.get(ROOT, -2)
-    is_task = np.zeros(store.n_states, dtype=bool)
-    is_task[made] = True
-    inputs = np.flatnonzero(is_task[dst] & (location[src] != root))
-    inputs = inputs[np.argsort(dst[inputs], kind="stable")]
-    counts = np.bincount(dst[inputs], minlength=store.n_states)[made]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype("int32")
-    key = store.column("state_key")
-    key_strings = pa.array(store.keys.values, type=pa.string())
-    dependencies = pa.ListArray.from_arrays(
-        pa.array(offsets), key_strings.take(pa.array(key[src[inputs]])))
-    deleted = np.zeros(store.n_states, dtype=bool)
-    deleted[src[kind == MutationKind.DELETE]] = True
-    erred = store.labels.codes.get("erred", -2)
-    final = np.where(store.column("key_origin")[key[made]] == erred, 0,
-                     np.where(deleted[made], 1, 2))
-    return pa.Table.from_arrays([
-        key_strings.take(pa.array(key[made])),
-        _dictionary(store.column("key_label")[key[made]], store.labels.values),
-        pa.array(made, type=pa.int64()),
-        dependencies,
-        _dictionary(store.column("state_worker")[made], store.workers.values),
-        pa.array(thread[made], type=pa.int64()),
-        pa.array(store.column("state_start")[made], type=pa.float64()),
-        pa.array(store.column("state_time")[made], type=pa.float64()),
-        pa.array(store.column("state_size")[made], type=pa.int64()),
-        _dictionary(final, ["erred", "released", "memory"]),
-    ], schema=_schemas()["tasks"])
-
-
 def tasks_frame(pag: PAG, run_id: str | None = None) -> pd.DataFrame:
     """:func:`tasks_table` of one run (the latest by default) as pandas."""
-    return _to_pandas(tasks_table(pag.store(run_id)))
-
-
-def _to_pandas(table: Any) -> pd.DataFrame:
-    frame = table.to_pandas()
-    for column in frame.columns:
-        if isinstance(frame[column].dtype, pd.CategoricalDtype):
-            frame[column] = frame[column].astype("str")
-    return frame
+    return to_pandas(tasks_table(pag.store(run_id)))
 
 
 def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | None = None,
@@ -249,6 +97,7 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
     root.mkdir(parents=True, exist_ok=True)
     existing = _read_metadata(root) if (root / METADATA).exists() else {
         "schema_version": SCHEMA_VERSION, "runs": {}}
+    existing["schema_version"] = SCHEMA_VERSION  # runs of version 1 read as before
     for index, run_id in enumerate(pag.run_ids):
         store = pag.store(run_id)
         last = index == len(pag.run_ids) - 1
@@ -280,17 +129,19 @@ def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None
     """The tables of one run, as Arrow, one at a time."""
     import pyarrow as pa
 
-    schemas = _schemas()
+    tables = schemas()
     store = pag.store(run_id)
-    keys = _unique(store.keys.values)
+    keys = unique(store.keys.values)
     yield "states", states_table(store, keys)
     yield "mutations", mutations_table(store, keys)
+    yield "causes", causes_table(store)
+    yield "moments", moments_table(store)
     yield "tasks", tasks_table(store)
     if transitions is None:
-        transitions = pd.DataFrame(columns=schemas["transitions"].names)
+        transitions = pd.DataFrame(columns=tables["transitions"].names)
     for name, frame in (("transitions", transitions),
                         ("wcp", pag.wcp(run_id=run_id).to_frame())):
-        yield name, pa.Table.from_pandas(frame[schemas[name].names], schema=schemas[name],
+        yield name, pa.Table.from_pandas(frame[tables[name].names], schema=tables[name],
                                          preserve_index=False)
 
 
@@ -323,7 +174,7 @@ def _read_metadata(root: Path) -> dict[str, Any]:
     if not isinstance(metadata, dict) or not isinstance(metadata.get("runs"), dict):
         raise ProvenanceError(f"{file}: not a crux_dask metadata file")
     version = metadata.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in SCHEMA_VERSIONS:
         raise ProvenanceError(f"{file}: schema version {version!r} is not supported "
                               f"(this is version {SCHEMA_VERSION})")
     return metadata
@@ -333,10 +184,10 @@ def _arrow_table(path: Path, table: str, run_id: str) -> Any:
     """One table of one run as Arrow, checked against the schema."""
     import pyarrow.parquet as pq
 
-    file = path / f"{table}.parquet" / f"run_id={run_id}" / "part-0.parquet"
+    file = _table_file(path, table, run_id)
     if not file.is_file():
         raise ProvenanceError(f"{file}: missing")
-    expected = _schemas()[table]
+    expected = schemas()[table]
     try:
         arrow = pq.read_table(file)
     except Exception as error:  # pyarrow raises several types for damaged files
@@ -347,47 +198,15 @@ def _arrow_table(path: Path, table: str, run_id: str) -> Any:
     return arrow.select(expected.names)
 
 
+def _table_file(path: Path, table: str, run_id: str) -> Path:
+    return path / f"{table}.parquet" / f"run_id={run_id}" / "part-0.parquet"
+
+
 def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame:
     """One table of one run as pandas, checked against the schema."""
-    frame = _to_pandas(_arrow_table(Path(path), table, run_id))
+    frame = to_pandas(_arrow_table(Path(path), table, run_id))
     frame.insert(1, "run_id", pd.Series([run_id] * len(frame), dtype="str"))
     return frame
-
-
-def _codes_and_values(column: Any) -> tuple[np.ndarray, list]:
-    """``(codes, values)`` of an Arrow string column (dictionary-encoded or not)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    codes = pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False)
-    return codes.astype("int64"), array.dictionary.to_pylist()
-
-
-def _numbers(column: Any, dtype: str, missing: int = 0) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    return pc.fill_null(column, missing).to_numpy().astype(dtype, copy=False)
-
-
-def _store_from_arrow(run_id: str, states: Any, mutations: Any) -> PAGStore:
-    strings = {name: _codes_and_values(states.column(name))
-               for name in ("key", "label", "origin", "location", "worker")}
-    return store_from_columns(
-        run_id,
-        state_id=_numbers(states.column("state_id"), "int64"),
-        time=_numbers(states.column("time"), "float64"),
-        size=_numbers(states.column("size"), "int64"),
-        thread=_numbers(states.column("thread"), "int64", NO_THREAD),
-        src=_numbers(mutations.column("src"), "int64"),
-        dst=_numbers(mutations.column("dst"), "int64"),
-        kind=_codes_and_values(mutations.column("kind")),
-        busy=_numbers(mutations.column("busy"), "float64"),
-        start=_numbers(mutations.column("start"), "float64"),
-        **strings,
-    )
 
 
 def read_dataset(path: str | os.PathLike, run_id: str | None = None) -> PAG:
@@ -411,8 +230,11 @@ def read_dataset(path: str | os.PathLike, run_id: str | None = None) -> PAG:
     for run in runs:
         states = _arrow_table(root, "states", run)
         mutations = _arrow_table(root, "mutations", run)
+        # Runs written before causes and moments were recorded have neither.
+        causes, moments = (_arrow_table(root, name, run) if _table_file(root, name, run)
+                           .is_file() else None for name in ("causes", "moments"))
         try:
-            stores.append(_store_from_arrow(run, states, mutations))
+            stores.append(store_from_arrow(run, states, mutations, causes, moments))
         except ValueError as error:
             raise ProvenanceError(f"{root}: run {run} has inconsistent tables "
                                   f"({error})") from None

@@ -15,15 +15,18 @@ import numpy as np
 import pandas as pd
 
 from crux_dask.build import rules
-from crux_dask.model import ROOT, MutationKind
+from crux_dask.model import ROOT, CauseKind, MutationKind
 from crux_dask.store import NO_THREAD, PAGStore, StringTable
 
 __all__ = ["end_state", "store_from_columns", "store_from_frames"]
 
+_MOMENTS = ("requested", "received", "runnable")
 
-def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
+
+def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame,
+                      causes: pd.DataFrame | None = None, moments: pd.DataFrame | None = None
                       ) -> PAGStore:
-    """A store from one run's data-state and data-mutation tables, in id order."""
+    """A store from one run's tables (states, mutations, and causes and moments if any)."""
     strings = {name: _encoded(states[name])
                for name in ("key", "label", "origin", "location", "worker")}
     return store_from_columns(
@@ -37,6 +40,12 @@ def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
         kind=_encoded(mutations["kind"]),
         busy=mutations["busy"].to_numpy(dtype="float64"),
         start=mutations["start"].to_numpy(dtype="float64"),
+        causes=None if causes is None else (
+            causes["src"].to_numpy().astype("int64"), causes["dst"].to_numpy().astype("int64"),
+            _encoded(causes["kind"])),
+        moments=None if moments is None else (
+            moments["state_id"].to_numpy().astype("int64"),
+            {name: moments[name].to_numpy(dtype="float64") for name in _MOMENTS}),
         **strings,
     )
 
@@ -44,13 +53,16 @@ def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
 def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
                        size: np.ndarray, thread: np.ndarray, key: tuple, label: tuple,
                        origin: tuple, location: tuple, worker: tuple, src: np.ndarray,
-                       dst: np.ndarray, kind: tuple, busy: np.ndarray, start: np.ndarray
+                       dst: np.ndarray, kind: tuple, busy: np.ndarray, start: np.ndarray,
+                       causes: tuple | None = None, moments: tuple | None = None
                        ) -> PAGStore:
     """A store from whole columns; string columns come as ``(codes, values)`` pairs.
 
-    Checks the ids (states ``0..n-1``, mutations from lower to higher ids) and
-    derives what the builder keeps incrementally: each state's start, ready
-    time and last-arriving input.
+    ``causes`` are ``(src, dst, kind)`` (``kind`` as a string column),
+    ``moments`` ``(state ids, {"requested": ..., "received": ..., "runnable":
+    ...})``.  Checks the ids (states ``0..n-1``, mutations and causes from
+    lower to higher ids) and derives what the builder keeps incrementally:
+    each state's start, ready time, last-arriving input and last cause.
 
     Raises
     ------
@@ -73,6 +85,7 @@ def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
     kinds = kind_of_value[kind[0]]
     if np.any(kinds < 0):
         raise ValueError(f"run {run_id}: a mutation has no kind")
+    c_src, c_dst, c_kind = _causes(run_id, causes, n)
 
     store = PAGStore(run_id)
     key_codes = _into(store.keys, key)
@@ -98,7 +111,44 @@ def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
     _fill(store.mutation_dst, dst)
     _fill(store.mutation_kind, kinds)
     _fill(store.mutation_busy, busy)
+    for name, values in _moments(run_id, moments, n).items():
+        _fill(getattr(store, f"state_{name}"), values)
+    _fill(store.state_cause, rules.last_arriving_per_target(
+        time[c_src], np.arange(len(c_src)), c_dst, n))
+    _fill(store.cause_src, c_src)
+    _fill(store.cause_dst, c_dst)
+    _fill(store.cause_kind, c_kind)
     return store
+
+
+def _causes(run_id: str, causes: tuple | None, n: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checked cause columns, in the order of their targets."""
+    if causes is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8)
+    src, dst, (codes, names) = causes
+    if len(src) and (src.min() < 0 or dst.max() >= n or np.any(src >= dst)):
+        raise ValueError(f"run {run_id}: a cause must go from a state to a later one")
+    try:
+        value = np.array([int(CauseKind[str(k).upper()]) for k in names] + [-1], "int8")
+    except KeyError as error:
+        raise ValueError(f"run {run_id}: unknown cause kind {error}") from None
+    kinds = value[codes]
+    if np.any(kinds < 0):
+        raise ValueError(f"run {run_id}: a cause has no kind")
+    return src, dst, kinds
+
+
+def _moments(run_id: str, moments: tuple | None, n: int) -> dict[str, np.ndarray]:
+    """Full moment columns (NaN where a state has none)."""
+    full = {name: np.full(n, np.nan) for name in _MOMENTS}
+    if moments is not None:
+        ids, values = moments
+        if len(ids) and (ids.min() < 0 or ids.max() >= n):
+            raise ValueError(f"run {run_id}: moments of a state that does not exist")
+        for name in _MOMENTS:
+            full[name][ids] = values[name]
+    return full
 
 
 def end_state(store: PAGStore) -> int:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENTS_HANDLER", "PLUGIN_NAME", "key_string"]
+__all__ = ["EVENTS_HANDLER", "MOMENTS", "PLUGIN_NAME", "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
 #: The scheduler RPC handler that receives the workers' event batches.
 EVENTS_HANDLER = "crux_events"
+#: Where a worker leaves a task's moments in the task's ``metadata``:
+#: ``[received, runnable]``.  distributed sends the metadata to the scheduler
+#: with the task's completion, so the moments cost no message of their own.
+MOMENTS = "crux"
 
 
 def key_string(key: Any) -> str:

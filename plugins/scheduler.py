@@ -19,7 +19,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.ingest import LOST, Ingest
-from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import EVENTS_HANDLER, MOMENTS, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
@@ -109,6 +109,10 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
                              park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
+        # Tasks on their way to or on a worker: key -> (when sent, who freed its queue slot).
+        self.sent: dict[Any, tuple[float, tuple[str, str] | None]] = {}
+        # The last task-finished: its stimulus, and the task and worker it freed.
+        self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
@@ -157,20 +161,30 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         try:
             if self.record_transitions:
                 self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
+            if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
+                stimulus, freed_by, freed_on = self.last_finished
+                self.sent[key] = (time.time(), (key_string(freed_by), freed_on) if (
+                    start == "queued" and stimulus == stimulus_id) else None)
+                return
             if start != "processing" or finish not in ("memory", "erred"):
                 if finish == "forgotten":  # never ran, or ran already: its root is not needed
                     self.graph_roots.pop(key, None)
+                elif start == "processing":  # stolen, rescheduled, lost
+                    self.sent.pop(key, None)
                 return
+            worker = kwargs.get("worker")
+            self.last_finished = (stimulus_id, key, worker)
             ts = self.scheduler.tasks.get(key)
             if ts is None:
                 return
             annotation = ts.annotations.get("crux") if ts.annotations else None
             ingest = self.ingest
             ingest.queue.append((
-                TASK, key, finish, kwargs.get("worker"), kwargs.get("thread"),
+                TASK, key, finish, worker, kwargs.get("thread"),
                 kwargs.get("startstops"), kwargs.get("nbytes") or 0,
                 [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
-                annotation, self.graph_roots.pop(key, -1),
+                annotation, self.graph_roots.pop(key, -1), self.sent.pop(key, None),
+                (kwargs.get("metadata") or {}).get(MOMENTS),
             ))
             if finish == "erred":
                 self.erred[key_string(key)] = {

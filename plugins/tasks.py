@@ -17,7 +17,10 @@ __all__ = ["TASK", "task_event"]
 
 #: First field of the queue entries the transition hook records: a task that
 #: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, root)``.
+#: dependencies, prefix, group, annotation, root, sent, moments)``: ``sent`` is
+#: ``(when the scheduler sent it, (key, worker) of the task that freed its queue
+#: slot or None)``, ``moments`` what its worker left in its metadata,
+#: ``[received, runnable]``.
 TASK = object()
 
 
@@ -26,10 +29,11 @@ def task_event(item: Sequence[Any]) -> tuple:
 
     Start and stop come from the task's ``compute`` interval, kind, label,
     location and reads from its ``crux`` annotation; a failed task makes a
-    state of size zero whose origin is ``erred``.
+    state of size zero whose origin is ``erred``.  Moments a worker left in a
+    form other than two times or None are ignored.
     """
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root) = item
+     annotation, root, sent, moments) = item
     start = stop = None
     for interval in startstops or ():
         if interval.get("action") == "compute":
@@ -44,6 +48,17 @@ def task_event(item: Sequence[Any]) -> tuple:
         reads = annotation.get("reads")
         reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
     erred = finish == "erred"
+    sent_at, freed = sent if sent is not None else (None, None)
+    received, runnable = _moments(moments)
     return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
             tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
-            location, "erred" if erred else None, reads)
+            location, "erred" if erred else None, reads, sent_at, received, runnable,
+            *(freed if freed is not None else (None, None)))
+
+
+def _moments(moments: Any) -> tuple[float | None, float | None]:
+    """``(received, runnable)`` from what a worker left in the task's metadata."""
+    if isinstance(moments, (list, tuple)) and len(moments) == 2 and all(
+            m is None or (type(m) is float and m - m == 0.0) for m in moments):
+        return moments[0], moments[1]
+    return None, None

@@ -21,7 +21,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
-from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import EVENTS_HANDLER, MOMENTS, PLUGIN_NAME, key_string
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -70,6 +70,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             ["events_recorded", "events_sent", "events_dropped", "batches_sent",
              "batches_rejected", "send_failures", "hook_errors"], 0)
         self._flight_start: dict[Any, tuple[str | None, float]] = {}
+        self._requested: dict[Any, float] = {}  # key -> when this worker asked for it
         self._on_disk: set[Any] = set()
         self._sending: asyncio.Future | None = None
         self._spill_hooks: list[tuple[list, Any]] = []
@@ -105,11 +106,21 @@ class CruxWorkerPlugin(WorkerPlugin):
             elif start == "memory":
                 if finish == "released" and self.capture.get("deletes", True):
                     self._released(key)
+            elif finish == "ready":  # all inputs here: runnable from now on
+                moments = self.worker.state.tasks[key].metadata.get(MOMENTS)
+                if moments is not None:
+                    moments[1] = self._now()
+            elif start == "released":
+                if finish == "waiting":  # the task reached this worker
+                    self.worker.state.tasks[key].metadata[MOMENTS] = [self._now(), None]
+                elif finish == "fetch":
+                    self._requested.setdefault(key, self._now())
             elif finish == "flight":
                 ts = self.worker.state.tasks.get(key)
                 self._flight_start[key] = (ts.coming_from if ts else None, self._now())
-            elif start == "flight":
+            elif finish in ("released", "forgotten", "missing"):
                 self._flight_start.pop(key, None)
+                self._requested.pop(key, None)
         except Exception as error:
             self._hook_failed(error)
 
@@ -124,6 +135,7 @@ class CruxWorkerPlugin(WorkerPlugin):
     def _fetched(self, key: Any) -> None:
         """``key`` arrived from another worker: find the fetch in the transfer log."""
         source, started = self._flight_start.pop(key, (None, None))
+        requested = self._requested.pop(key, None)
         if not self.capture.get("transfers", True):
             return
         ts = self.worker.state.tasks.get(key)
@@ -139,7 +151,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         if source is None:
             return
         self._record(("transfer", key_string(key), memory_location(source), self.memory,
-                      start, max(start, stop), nbytes))
+                      start, max(start, stop), nbytes,
+                      None if requested is None else min(requested, start)))
 
     def _hook_spill(self, data: Any) -> None:
         to_slow = getattr(data, "fast_to_slow_callbacks", None)

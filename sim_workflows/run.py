@@ -162,5 +162,5 @@ def replay(path: str | os.PathLike, run_id: str | None = None, workers: int | No
 
 def _compute_keys(path: CriticalPath) -> set[str]:
     """Keys of the tasks (states computed on a thread) along a critical path."""
-    m = path.mutations
-    return set(m.loc[m["thread"].notna(), "key"])
+    steps = path.to_frame()
+    return set(steps.loc[steps["category"] == "compute", "key"])

@@ -237,7 +237,7 @@ def test_forced_resolution_follows_event_time_so_chains_resolve():
     assert b.n_parked == 0
     path = b.pag().wcp()
     assert path.states["key"].tolist()[-3:] == ["x", "x", "y"]
-    assert path.mutations["kind"].tolist()[-2:] == ["TRANSFER", "CONVERT"]
+    assert path.steps["kind"].tolist()[-2:] == ["TRANSFER", "CONVERT"]
 
 
 def test_a_waiting_event_waits_for_a_waiting_maker_whatever_the_clocks_say():

@@ -44,7 +44,7 @@ async def test_diamond_critical_path_goes_through_the_injected_sleep(c, s, a, b)
     path = await crux_dask.get_wcp(c)
     keys = path.states["key"].tolist()
     assert keys[:4] == ["root", "top", "slow", "bottom"]
-    step = path.mutations[path.mutations["key"] == "slow"].iloc[0]
+    step = path.steps[path.steps["key"] == "slow"].iloc[0]
     assert step["busy"] == pytest.approx(0.4, abs=0.010)
     assert path.length >= 0.4
     assert sum(path.breakdown.values()) == pytest.approx(path.length)

@@ -79,8 +79,8 @@ async def test_components_show_the_critical_path(c, s, a, b):
         component.update()
         columns = component.source.data
         assert len({len(v) for v in columns.values()}) == 1, type(component).__name__
-    assert timeline.source.data["key"] == path.mutations["key"].tolist()
-    assert steps.source.data["kind"] == path.mutations["kind"].tolist()
+    assert timeline.source.data["key"] == path.steps["key"].tolist()
+    assert steps.source.data["kind"] == path.steps["kind"].tolist()
     assert dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"])) \
         == pytest.approx(path.breakdown)
     on_path = [label for label, color in zip(overview.source.data["label"],
@@ -183,7 +183,7 @@ async def test_json_api_matches_the_client_api(c, s, a, b):
     assert json.loads(body)["total"] == (pag.mutations["kind"] == "MERGE").sum()
     code, body = await fetch(s, "/crux/api/v1/wcp")
     wcp = json.loads(body)
-    assert [st["key"] for st in wcp["steps"]] == path.mutations["key"].tolist()
+    assert [st["key"] for st in wcp["steps"]] == path.steps["key"].tolist()
     assert wcp["length"] == pytest.approx(path.length)
     code, body = await fetch(s, "/crux/api/v1/stats")
     assert json.loads(body)["states"] == len(pag.states)

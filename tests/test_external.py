@@ -59,7 +59,7 @@ async def test_external_mpi_stage_between_two_dask_stages_is_on_the_path(c, s, a
     path = await crux_dask.get_wcp(c)
     keys = path.states["key"].tolist()
     assert keys[keys.index("prep"):][:4] == ["prep", "mpi-rank-2", "mpi-out", "post"]
-    kinds = path.mutations.set_index("key")["kind"]
+    kinds = path.steps.set_index("key")["kind"]
     assert kinds["mpi-rank-2"] == "SPLIT" and kinds["mpi-out"] == "MERGE"
     assert stage["out"] in path.states["state_id"].tolist()
     stats = await crux_dask.get_stats(c)

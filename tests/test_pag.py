@@ -36,7 +36,7 @@ def test_tables_have_exactly_the_design_columns():
 def test_cost_telescopes_along_any_path():
     pag = small_workflow().pag()
     path = pag.wcp()
-    assert path.mutations["cost"].sum() == pytest.approx(path.length)
+    assert path.steps["cost"].sum() == pytest.approx(path.length)
     # load 1 finished first and was fetched only once sum could run, after load 0:
     # load 0 is what sum waited for.
     assert path.states["key"].tolist() == ["root", "('load-1', 0)", "sum-1"]

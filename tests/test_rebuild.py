@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ class Cluster:
         self.clock = 1000.0
         self.held: dict[str, set[str]] = {}  # key -> locations holding it
         self.done: list[str] = []
+        self.where_computed: dict[str, str] = {}
         self.streams: dict[str, list[tuple]] = {"scheduler": [], **{w: [] for w in WORKERS}}
 
     def times(self, worker: str) -> tuple[float, float]:
@@ -64,13 +66,23 @@ class Cluster:
                         continue
                 start, stop = self.times(worker)
                 self.report(worker, ("transfer", name, source, memory, start, stop,
-                                     draw(st.sampled_from([None, 100]))))
+                                     draw(st.sampled_from([None, 100])),
+                                     draw(st.sampled_from([None, start - 0.01]))))
                 self.held[name].add(memory)
         key = f"('{draw(st.sampled_from(['load', 'mix', 'sum']))}-x', {len(self.done)})"
         start, stop = self.times(worker)
-        self.report("scheduler", ("compute", key, worker, draw(st.sampled_from([1, 2])),
+        moments: tuple = ()
+        if draw(st.booleans()):  # sent, received, runnable; and who freed its queue slot
+            sent = start - self.offset[worker] - draw(st.sampled_from([0.0, 0.002, 0.05]))
+            runnable = draw(st.sampled_from([None, sent + self.offset[worker] + 0.001]))
+            freed = draw(st.sampled_from(self.done)) if self.done and draw(
+                st.integers(0, 3)) == 0 else None
+            moments = (sent, None if runnable is None else runnable - 0.0005, runnable,
+                       freed, self.where_computed.get(freed))
+        self.report("scheduler", ("compute", key, worker, draw(st.sampled_from([1, 2, None])),
                                   start, stop, draw(st.integers(0, 10_000)), tuple(inputs), 0,
-                                  None, None, None, None, None, None))
+                                  None, None, None, None, None, None, *moments))
+        self.where_computed[key] = worker
         self.done.append(key)
         self.held[key] = {memory}
 
@@ -154,13 +166,19 @@ def assert_same_graph(live: PAGBuilder, offline: PAG) -> None:
     assert list(rebuilt.state_pred) == list(store.state_pred), "last-arriving inputs differ"
     assert _same_floats(rebuilt.state_ready, store.state_ready), "ready times differ"
     assert offline.ends[0] == live.end, "end states differ"
+    assert list(rebuilt.state_cause) == list(store.state_cause), "last causes differ"
+    for name in ("cause_src", "cause_dst", "cause_kind"):
+        assert list(getattr(rebuilt, name)) == list(getattr(store, name)), name
+    for name in ("state_requested", "state_received", "state_runnable"):
+        assert _same_floats(getattr(rebuilt, name), getattr(store, name)), name
     shown = live.pag()
     for method in ("observed", "longest"):
         expected = shown.wcp(method=method)
         got = offline.wcp(method=method)
-        assert got.mutations["mutation_id"].tolist() == expected.mutations[
-            "mutation_id"].tolist(), method
+        assert got.steps[["via", "mutation_id", "cause_id"]].equals(
+            expected.steps[["via", "mutation_id", "cause_id"]]), method
         assert math.isclose(got.length, expected.length, abs_tol=1e-12), method
+        assert got.breakdown == pytest.approx(expected.breakdown, abs=1e-9), method
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -168,7 +186,8 @@ def assert_same_graph(live: PAGBuilder, offline: PAG) -> None:
 def test_the_graph_read_back_from_its_tables_is_the_live_graph(batches):
     live = record(batches)
     shown = live.pag()
-    assert_same_graph(live, PAG.from_frames(shown.states, shown.mutations))
+    assert_same_graph(live, PAG.from_frames(shown.states, shown.mutations, shown.causes,
+                                            shown.moments))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

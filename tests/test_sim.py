@@ -28,8 +28,8 @@ def is_subsequence(wanted: list[str], keys: list[str]) -> bool:
 
 def busy_work(path) -> float:
     """Seconds of computation and I/O along a critical path."""
-    m = path.mutations
-    return float((m["cost"] - m["wait"])[m["category"].isin(["compute", "io"])].sum())
+    m = path.steps
+    return float(m["busy"][m["category"].isin(["compute", "io"])].sum())
 
 
 @pytest.mark.parametrize("name", list(CASES))

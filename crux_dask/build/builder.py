@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import index
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import operations, rules
+from crux_dask.build import lookups, operations, rules
 from crux_dask.build.feed import Feed, OnError
 from crux_dask.build.holdings import Holdings
 from crux_dask.build.places import Places
@@ -45,8 +45,6 @@ _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPE
                                int(MutationKind.DELETE))
 _THREAD, _SLOT = int(CauseKind.THREAD), int(CauseKind.SLOT)
 _NAN = float("nan")
-#: Locations whose data Dask reports itself, so a missing state is worth waiting for.
-_AWAITED = ("memory@", "disk@")
 
 
 class PAGBuilder:
@@ -68,6 +66,9 @@ class PAGBuilder:
         What is held where, the events waiting for an input, location codes.
     fanout, ends : rules.FanOut, rules.EndTracker
         The state of the ``SPLIT`` and end-of-graph rules.
+    resolving : event or None
+        The event :meth:`resolve_parked` applies now: it takes stand-ins for
+        what it misses instead of waiting again.
     roots : set of int
         The root states; ``run_root`` is the first.
     threads : rules.ThreadLanes
@@ -89,7 +90,7 @@ class PAGBuilder:
         self.n_applied = self.n_fallbacks = self.n_lost = 0
         self._root_key = store.key_code(ROOT, ROOT, "crux")
         self.places = Places(store)
-        self._resolving: Any = None  # the event resolve_parked applies now
+        self.resolving: Any = None  # the event resolve_parked applies with stand-ins
         self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
             "compute": self._compute, "transfer": self._transfer, "delete": self._delete,
@@ -229,10 +230,13 @@ class PAGBuilder:
         for name in e.inputs:
             src = holdings.at(name, memory)
             if src is None:
-                src = self._missing(name, memory, event, now)
+                src = lookups.missing(self, name, memory, event, now)
                 if src is None:
                     return None
             sources.append(src)
+        freed_by = lookups.freed_by(self, e, event, now)
+        if freed_by == lookups.WAITS:
+            return None
         # Data the task read outside Dask: its newest copy, wherever it is.
         sources += [src for name in e.reads or () if (src := holdings.newest.get(name))
                     is not None]
@@ -257,7 +261,7 @@ class PAGBuilder:
                     Root("root", e.start))
             sources.append(root)
         location = memory if e.location is None else self.places.code(e.location)
-        causes = self._causes(e, memory, sources, moments)
+        causes = self._causes(e, memory, sources, moments, freed_by)
         dst = self.new_state(key, location, self.places.worker[memory], e.thread, e.nbytes,
                              e.start, e.stop, e.stop, sources, kind, busy, moments, causes)
         if location != memory:
@@ -274,7 +278,7 @@ class PAGBuilder:
         source = places.code(e.source)
         src = self.holdings.at(e.key, source)
         if src is None:
-            src = self._missing(e.key, source, event, now, created=e.start)
+            src = lookups.missing(self, e.key, source, event, now, created=e.start)
             if src is None:
                 return None
         destination = places.code(e.destination)
@@ -332,11 +336,11 @@ class PAGBuilder:
         return self.n_applied - applied
 
     def _apply_with_stand_ins(self, event: Any) -> None:
-        self._resolving = event
+        self.resolving = event
         try:
             self.apply(event)
         finally:
-            self._resolving = None
+            self.resolving = None
 
     def pag(self) -> PAG:
         """The graph so far, as a :class:`~crux_dask.pag.PAG` (shares the store)."""
@@ -408,7 +412,8 @@ class PAGBuilder:
         return sid
 
     def _causes(self, e: Compute, memory: int, sources: list[int],
-                moments: tuple[float, float, float]) -> list[tuple[int, int]]:
+                moments: tuple[float, float, float], freed_by: int | None
+                ) -> list[tuple[int, int]]:
         """The resources whose release a task computed from ``sources`` may have waited for.
 
         The task before it on its thread (:func:`rules.thread_caused`), and
@@ -420,16 +425,12 @@ class PAGBuilder:
             ready_of = store.state_ready
             inputs_ready = ready_of[sources[rules.last_arriving([ready_of[s] for s in sources])]]
             before = self.threads.cause(memory, e.thread, store.n_states,  # the id it gets
-                                        rules.runnable(moments, inputs_ready), store.state_time)
+                                        rules.runnable(moments, inputs_ready), e.start,
+                                        store.state_time)
             if before is not None:
                 causes.append((before, _THREAD))
-        if e.released_by is not None and e.released_on is not None:
-            where = self.places.memory_of(e.released_on)
-            freed_by = self.holdings.at(e.released_by, where)
-            if freed_by is None:
-                freed_by = self.holdings.released_at(e.released_by, where)
-            if freed_by is not None:
-                causes.append((freed_by, _SLOT))
+        if freed_by is not None:
+            causes.append((freed_by, _SLOT))
         return causes
 
     def applied(self, sid: int) -> int:
@@ -443,25 +444,3 @@ class PAGBuilder:
     def _hold(self, key: str, location: int, sid: int) -> None:
         self.holdings.add(key, location, sid)
         self.waiting.appeared((key, location))
-
-    def _missing(self, key: str, location: int, event: Any, now: float,
-                 created: float | None = None) -> int | None:
-        """A state the event needs is unknown: park the event, or pick a stand-in.
-
-        Returns the state to use, or ``None`` if the event now waits for it.
-        """
-        released = self.holdings.released_at(key, location)
-        if released is not None:
-            return released
-        store = self.store
-        where = store.locations.values[location]
-        awaited = where.startswith(_AWAITED)
-        if awaited and self._resolving is not event:
-            self.waiting.park((key, location), event, now)
-            return None
-        newest = self.holdings.newest.get(key)
-        if awaited:
-            self.n_fallbacks += 1
-            if newest is not None:  # the newest copy anywhere else
-                return newest
-        return operations.unreported(self, key, location, created)

@@ -57,6 +57,10 @@ __all__ = [
 APPEND, CONVERT, MERGE, SPLIT = (int(MutationKind.APPEND), int(MutationKind.CONVERT),
                                  int(MutationKind.MERGE), int(MutationKind.SPLIT))
 _NAN = float("nan")
+#: Seconds by which one worker's times may disagree among themselves: each is
+#: converted to the scheduler's clock with the estimate of the moment, which
+#: moves at every heartbeat.
+CLOCK_SLACK = 0.01
 #: What :class:`FanOut` remembers of a source before any task read it.
 _NO_GROUP = -2
 
@@ -242,9 +246,14 @@ def runnables(requested: np.ndarray, recorded: np.ndarray, inputs_ready: np.ndar
     return np.where(np.isnan(recorded), np.fmax(requested, inputs_ready), recorded)
 
 
-def thread_caused(runnable: float, freed: float) -> bool:
-    """Whether a task runnable at ``runnable`` waited for its thread, freed at ``freed``."""
-    return runnable <= freed
+def thread_caused(runnable: float, freed: float, start: float) -> bool:
+    """Whether a task runnable at ``runnable`` waited for its thread, freed at ``freed``.
+
+    It did if it could have run before the task ahead of it finished and
+    started once that one had; :data:`CLOCK_SLACK` allows for the worker's
+    clock estimate moving between the two tasks.
+    """
+    return runnable <= freed <= start + CLOCK_SLACK
 
 
 class ThreadLanes:
@@ -260,7 +269,7 @@ class ThreadLanes:
     def __init__(self) -> None:
         self.last: dict[tuple[int, int], int] = {}
 
-    def cause(self, memory: int, thread: int, state: int, runnable: float,
+    def cause(self, memory: int, thread: int, state: int, runnable: float, start: float,
               time_of: Sequence[float]) -> int | None:
         """The task whose completion freed the thread ``state``'s task ran on, if it waited.
 
@@ -269,25 +278,28 @@ class ThreadLanes:
         """
         before = self.last.get((memory, thread))
         self.last[memory, thread] = state
-        if before is not None and thread_caused(runnable, time_of[before]):
+        if before is not None and thread_caused(runnable, time_of[before], start):
             return before
         return None
 
     def causes(self, memory: np.ndarray, thread: np.ndarray, states: np.ndarray,
-               runnable: np.ndarray, time_of) -> tuple[np.ndarray, np.ndarray]:
+               runnable: np.ndarray, start: np.ndarray, time_of
+               ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`cause` of many tasks, in the order of ``states`` (ascending).
 
         ``thread`` is ``-1`` for a task not run on a thread; ``time_of`` maps
         state ids to their times.  Returns the causes' sources and targets.
         """
         on_thread = thread >= 0
-        memory, thread, states, runnable = (memory[on_thread], thread[on_thread],
-                                            states[on_thread], runnable[on_thread])
+        memory, thread, states, runnable, start = (
+            memory[on_thread], thread[on_thread], states[on_thread], runnable[on_thread],
+            start[on_thread])
         if not len(states):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         lanes, lane = np.unique(np.stack([memory, thread], 1), axis=0, return_inverse=True)
         order = np.argsort(lane.reshape(-1), kind="stable")
-        lane, states, runnable = lane.reshape(-1)[order], states[order], runnable[order]
+        lane, states, runnable, start = (lane.reshape(-1)[order], states[order],
+                                         runnable[order], start[order])
         first = np.r_[True, lane[1:] != lane[:-1]]
         last = np.r_[first[1:], True]
         before = np.empty(len(states), np.int64)
@@ -295,7 +307,8 @@ class ThreadLanes:
         before[first] = [self.last.get(tuple(pair), -1) for pair in lanes[lane[first]].tolist()]
         self.last.update(zip(map(tuple, lanes[lane[last]].tolist()), states[last].tolist()))
         known = np.flatnonzero(before >= 0)
-        caused = known[runnable[known] <= time_of(before[known])]
+        freed = time_of(before[known])
+        caused = known[(runnable[known] <= freed) & (freed <= start[known] + CLOCK_SLACK)]
         by_target = np.argsort(states[caused])
         return before[caused][by_target], states[caused][by_target]
 

@@ -307,7 +307,7 @@ class _Window:
         cause_src, cause_dst = builder.threads.causes(
             c["memory"], c["thread"], base + ci,
             rules.runnables(c["requested"], c["runnable"], src_ready[c_first + last_input]),
-            lambda states: arrays.values_of(time, states, base, store, "state_time"))
+            c["start"], lambda states: arrays.values_of(time, states, base, store, "state_time"))
         cause = np.full(f, -1, np.int64)
         cause[cause_dst - base] = store.n_causes + np.arange(len(cause_dst))
 

@@ -1,0 +1,67 @@
+"""What an event needs that may not be reported yet: an input, the task that freed its slot.
+
+Workers report on their own schedule: an input fetched from another worker,
+or the task whose completion released a task from the scheduler's queue, may
+be reported after the event that needs it.  Such an event waits
+(:mod:`crux_dask.build.waiting`) until the state appears; once it has waited
+long enough it takes the best stand-in, or goes without the cause.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crux_dask.build import operations
+from crux_dask.events import Compute
+
+if TYPE_CHECKING:
+    from crux_dask.build.builder import PAGBuilder
+
+__all__ = ["WAITS", "freed_by", "missing"]
+
+#: Locations whose data Dask reports itself, so a missing state is worth waiting for.
+AWAITED = ("memory@", "disk@")
+#: What :func:`freed_by` returns for an event that now waits.
+WAITS = -2
+
+
+def missing(builder: PAGBuilder, key: str, location: int, event: Any, now: float,
+            created: float | None = None) -> int | None:
+    """A state the event needs is unknown: park the event, or pick a stand-in.
+
+    Returns the state to use, or ``None`` if the event now waits for it.
+    """
+    released = builder.holdings.released_at(key, location)
+    if released is not None:
+        return released
+    store = builder.store
+    where = store.locations.values[location]
+    awaited = where.startswith(AWAITED)
+    if awaited and builder.resolving is not event:
+        builder.waiting.park((key, location), event, now)
+        return None
+    newest = builder.holdings.newest.get(key)
+    if awaited:
+        builder.n_fallbacks += 1
+        if newest is not None:  # the newest copy anywhere else
+            return newest
+    return operations.unreported(builder, key, location, created)
+
+
+def freed_by(builder: PAGBuilder, e: Compute, event: Any, now: float) -> int | None:
+    """The state of the task whose completion freed ``e``'s queue slot.
+
+    ``None`` if there is none; :data:`WAITS` if the event now waits for
+    it (its report may come after this one's, while the task itself waits
+    for an input), unless it is being resolved: then it goes without.
+    """
+    if e.released_by is None or e.released_on is None:
+        return None
+    where = builder.places.memory_of(e.released_on)
+    state = builder.holdings.at(e.released_by, where)
+    if state is None:
+        state = builder.holdings.released_at(e.released_by, where)
+    if state is None and builder.resolving is not event:
+        builder.waiting.park((e.released_by, where), event, now)
+        return WAITS
+    return state

@@ -1,0 +1,196 @@
+"""A critical path as users see it: its states, its steps, and where its time went.
+
+A step goes from one state to the next, through a data mutation or through a
+cause (:class:`~crux_dask.model.CauseKind`: the thread or the queue slot
+another task freed).  Its ``cost`` (the time between the two states) splits
+into:
+
+* the **busy** part: the operation that made the state (a computation, a
+  transfer, a spill, file I/O), named by its category;
+* **scheduling**: from the step's cause to the operation's start, where the
+  task's moments were recorded (when the scheduler sent it, when its worker got
+  it and could run it): the scheduler's decision, the message and the
+  worker's dispatch;
+* **queued**: a fetch that waited, from when its worker asked for it to its
+  start, for the worker's transfer capacity;
+* **wait**: what no recorded interval explains.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from crux_dask.model import CauseKind, MutationKind, location_class
+from crux_dask.store import PAGStore
+
+__all__ = ["CATEGORIES", "CriticalPath", "Step"]
+
+#: Categories of the breakdown, in display order.
+CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "scheduling", "queued", "wait")
+#: A step of a path: ``(True, cause id)`` through a cause, ``(False, mutation id)`` through data.
+Step = tuple[bool, int]
+
+
+@dataclass
+class CriticalPath:
+    """A critical path: ordered states and the steps between them.
+
+    Attributes
+    ----------
+    states : pandas.DataFrame
+        The states along the path, first to last (data-state columns).
+    steps : pandas.DataFrame
+        One row per step, in order: see :meth:`to_frame`.
+    method : str
+        ``"observed"`` or ``"longest"``.
+    length : float
+        Seconds from the first state to the last.
+    breakdown : dict
+        Seconds of the path by category (:data:`CATEGORIES`); they add up to
+        ``length``.
+    """
+
+    states: pd.DataFrame
+    steps: pd.DataFrame
+    method: str
+    length: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_store(cls, store: PAGStore, steps: list[Step], method: str,
+                   single: int | None = None) -> CriticalPath:
+        """The path of ``steps`` in ``store`` (just the state ``single`` when empty)."""
+        through_cause = np.array([c for c, _ in steps], bool)
+        ids = np.array([i for _, i in steps], np.int64)
+        mids, cids = ids[~through_cause], ids[through_cause]
+        src = np.empty(len(ids), np.int64)
+        dst = np.empty(len(ids), np.int64)
+        src[~through_cause] = store.column("mutation_src", mids)
+        dst[~through_cause] = store.column("mutation_dst", mids)
+        src[through_cause] = store.column("cause_src", cids)
+        dst[through_cause] = store.column("cause_dst", cids)
+        if len(ids):
+            sids = np.concatenate([src[:1], dst])
+        else:
+            sids = np.asarray([] if single is None or single < 0 else [single], "int64")
+        states = store.states_frame(sids).reset_index(drop=True)
+        frame = _steps(store, through_cause, ids, src, dst, states)
+        breakdown = dict.fromkeys(CATEGORIES, 0.0)
+        for category, seconds in zip(frame["category"].tolist(), frame["busy"].tolist()):
+            breakdown[category] += seconds
+        for part in ("scheduling", "queued", "wait"):
+            breakdown[part] += float(frame[part].sum())
+        length = float(states["time"].iloc[-1] - states["time"].iloc[0]) if len(states) else 0.0
+        return cls(states, frame, method, length, breakdown)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per step (shared: treat it as read-only).
+
+        Columns: ``step``; ``via`` (``data``, ``thread`` or ``slot``: what
+        released the step); ``mutation_id`` or ``cause_id`` (``-1`` for the
+        other); ``src`` and ``dst`` states; ``kind`` (the mutation's kind, or
+        the cause's); ``category`` of the busy part; ``key``, ``label``,
+        ``source`` and ``destination`` locations, ``size``; ``start`` and
+        ``stop`` of the operation; ``cost``
+        and its parts ``busy``, ``scheduling``, ``queued`` and ``wait``.
+        """
+        return self.steps
+
+    def summary(self) -> str:
+        """A few lines of text: length, steps and the breakdown."""
+        lines = [f"Workflow critical path ({self.method}): {self.length:.3f} s "
+                 f"in {len(self)} steps"]
+        for category, seconds in self.breakdown.items():
+            share = seconds / self.length if self.length > 0 else 0.0
+            lines.append(f"  {category:<10} {seconds:9.3f} s  {share:6.1%}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{v:.3f} s</td></tr>"
+            for k, v in self.breakdown.items()
+        )
+        table = self.to_frame().to_html(index=False, max_rows=50)
+        return (
+            f"<div><strong>Workflow critical path ({html.escape(self.method)})</strong>: "
+            f"{self.length:.3f} s in {len(self)} steps"
+            f"<table><tr><th>category</th><th>seconds</th></tr>{rows}</table>{table}</div>"
+        )
+
+
+_CAUSE_NAMES = {int(k): k.name for k in CauseKind}
+
+
+def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,
+           dst: np.ndarray, states: pd.DataFrame) -> pd.DataFrame:
+    n = len(ids)
+    time = store.column("state_time", np.concatenate([src, dst]))
+    src_time, stop = time[:n], time[n:]
+    start = store.column("state_start", dst)
+    kind = np.empty(n, object)
+    mids, cids = ids[~through_cause], ids[through_cause]
+    kind[~through_cause] = [MutationKind(k).name for k in store.column("mutation_kind", mids)]
+    kind[through_cause] = [_CAUSE_NAMES[k] for k in store.column("cause_kind", cids).tolist()]
+    via = np.where(through_cause, np.char.lower(kind.astype(str)), "data")
+    location = states["location"].tolist()
+    # What made the target: its category, and how long it was busy.
+    made_by = np.where(through_cause, "", kind).tolist()
+    for i in np.flatnonzero(through_cause).tolist():  # the task the freed resource ran
+        made_by[i] = MutationKind.CONVERT.name
+    category = [_category(k, location[i], location[i + 1]) for i, k in enumerate(made_by)]
+    cost = stop - src_time
+    busy = np.zeros(n)
+    busy[~through_cause] = store.column("mutation_busy", mids)
+    busy[through_cause] = stop[through_cause] - start[through_cause]
+    busy = np.minimum(np.maximum(busy, 0.0), np.maximum(cost, 0.0))
+    gap = cost - busy
+    # The gap before the operation: explained where its moments were recorded.
+    requested = store.column("state_requested", dst)
+    recorded = ~np.isnan(requested)
+    is_fetch = np.array([c == "transfer" for c in category], bool) & ~through_cause
+    queued = np.where(recorded & is_fetch,
+                      np.clip(start - np.maximum(requested, src_time), 0.0, gap), 0.0)
+    scheduling = np.where(recorded, gap - queued, 0.0)
+    wait = gap - scheduling - queued
+    return pd.DataFrame({
+        "step": np.arange(n),
+        "via": pd.Series(via, dtype="str"),
+        "mutation_id": np.where(through_cause, -1, ids),
+        "cause_id": np.where(through_cause, ids, -1),
+        "src": src,
+        "dst": dst,
+        "kind": pd.Series(kind, dtype="str"),
+        "category": pd.Series(category, dtype="str"),
+        "key": states["key"].iloc[1:].reset_index(drop=True),
+        "label": states["label"].iloc[1:].reset_index(drop=True),
+        "source": states["location"].iloc[:-1].reset_index(drop=True),
+        "destination": states["location"].iloc[1:].reset_index(drop=True),
+        "size": states["size"].iloc[1:].reset_index(drop=True),
+        "start": start,
+        "stop": stop,
+        "cost": cost,
+        "busy": busy,
+        "scheduling": scheduling,
+        "queued": queued,
+        "wait": wait,
+    })
+
+
+def _category(kind: str, source: str, destination: str) -> str:
+    if kind == MutationKind.DELETE.name:
+        return "delete"
+    if kind != MutationKind.TRANSFER.name:
+        return "compute"
+    classes = {location_class(source), location_class(destination)}
+    if "disk" in classes:
+        return "spill"
+    if "file" in classes:
+        return "io"
+    return "transfer"

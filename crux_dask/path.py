@@ -155,9 +155,10 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     requested = store.column("state_requested", dst)
     recorded = ~np.isnan(requested)
     is_fetch = np.array([c == "transfer" for c in category], bool) & ~through_cause
+    explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
     queued = np.where(recorded & is_fetch,
-                      np.clip(start - np.maximum(requested, src_time), 0.0, gap), 0.0)
-    scheduling = np.where(recorded, gap - queued, 0.0)
+                      np.clip(start - np.maximum(requested, src_time), 0.0, explained), 0.0)
+    scheduling = np.where(recorded, explained - queued, 0.0)
     wait = gap - scheduling - queued
     return pd.DataFrame({
         "step": np.arange(n),

@@ -1,4 +1,4 @@
-"""Where the critical path's time went: compute, transfer, spill, I/O, waiting."""
+"""Where the critical path's time went: compute, transfer, spill, I/O, scheduling, waiting."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColu
 
 from crux_dask.dashboard.data import Component, GraphView, Source
 
-COLUMNS = ("step", "kind", "key", "source", "destination", "busy", "wait")
+COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "scheduling",
+           "queued", "wait")
 
 
 class StepsTable(Component):
@@ -21,11 +22,15 @@ class StepsTable(Component):
         self.root = DataTable(source=self.source, name="crux-steps", index_position=None,
                               height=300, columns=[
             TableColumn(field="step", title="#", width=30),
+            TableColumn(field="via", title="released by", width=70),
             TableColumn(field="kind", title="kind", width=80),
             TableColumn(field="key", title="key", width=260),
             TableColumn(field="source", title="from", width=180),
             TableColumn(field="destination", title="to", width=180),
             TableColumn(field="busy", title="busy (s)", formatter=seconds, width=70),
+            TableColumn(field="scheduling", title="scheduling (s)", formatter=seconds,
+                        width=80),
+            TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),
             TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
         ], **kwargs)
 

@@ -1,4 +1,9 @@
-"""Gantt chart of the critical path: one bar per step, lane per location."""
+"""Gantt chart of the critical path: one bar per step, lane per location.
+
+A step released by a freed resource (a thread, a queue slot) is linked to the
+step that freed it: a line from where and when that task finished to where and
+when this one started.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,13 @@ from bokeh.plotting import figure
 from bokeh.transform import dodge
 
 from crux_dask.dashboard.data import Component, GraphView, Source
-from crux_dask.model import MutationKind
+from crux_dask.model import CauseKind, MutationKind
 
-KIND_COLORS = dict(zip([k.name for k in MutationKind], Category10[6]))
-COLUMNS = ("lane", "left", "right", "wait_left", "kind", "color", "key", "label", "size",
-           "source", "destination", "busy", "wait", "start", "stop")
+KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
+COLUMNS = ("lane", "left", "right", "wait_left", "kind", "via", "color", "key", "label",
+           "size", "source", "destination", "busy", "scheduling", "queued", "wait", "start",
+           "stop")
+LINKS = ("x0", "y0", "x1", "y1", "color", "via")
 
 
 class WCPTimeline(Component):
@@ -23,6 +30,7 @@ class WCPTimeline(Component):
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        self.links = ColumnDataSource({c: [] for c in LINKS})
         self.root = figure(title="Workflow critical path", y_range=FactorRange(),
                            x_axis_label="seconds since the path's start", name="crux-timeline",
                            tools="xpan,xwheel_zoom,reset", height=300, **kwargs)
@@ -34,10 +42,13 @@ class WCPTimeline(Component):
                                    name="crux-timeline-bars")
         self.root.segment(x0="wait_left", x1="left", y0="lane", y1="lane", line_dash="dotted",
                           line_color="color", source=self.source)
+        self.root.segment(x0="x0", y0="y0", x1="x1", y1="y1", line_color="color",
+                          line_width=2, source=self.links, name="crux-timeline-links")
         self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
-            ("step", "@kind @label"), ("key", "@key"), ("size", "@size{0.0 b}"),
-            ("from", "@source"), ("to", "@destination"), ("busy", "@busy{0.000} s"),
-            ("wait", "@wait{0.000} s")]))
+            ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
+            ("size", "@size{0.0 b}"), ("from", "@source"), ("to", "@destination"),
+            ("busy", "@busy{0.000} s"), ("scheduling", "@scheduling{0.000} s"),
+            ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
 
     def render(self, view: GraphView) -> None:
@@ -51,6 +62,7 @@ class WCPTimeline(Component):
             "right": (steps["stop"] - t0).tolist(),
             "wait_left": (steps["stop"] - steps["cost"] - t0).tolist(),
             "kind": steps["kind"].tolist(),
+            "via": steps["via"].tolist(),
             "color": [KIND_COLORS[k] for k in steps["kind"]],
             "key": steps["key"].tolist(),
             "label": steps["label"].tolist(),
@@ -58,9 +70,20 @@ class WCPTimeline(Component):
             "source": steps["source"].tolist(),
             "destination": steps["destination"].tolist(),
             "busy": steps["busy"].tolist(),
+            "scheduling": steps["scheduling"].tolist(),
+            "queued": steps["queued"].tolist(),
             "wait": steps["wait"].tolist(),
             "start": steps["start"].tolist(),
             "stop": steps["stop"].tolist(),
         }
         self.root.y_range.factors = sorted(set(lanes))
         self.source.data = data
+        handoffs = steps[steps["via"] != "data"]
+        self.links.data = {
+            "x0": (handoffs["stop"] - handoffs["cost"] - t0).tolist(),
+            "y0": handoffs["source"].tolist(),
+            "x1": (handoffs["start"] - t0).tolist(),
+            "y1": handoffs["destination"].tolist(),
+            "color": [KIND_COLORS[k] for k in handoffs["kind"]],
+            "via": handoffs["via"].tolist(),
+        }

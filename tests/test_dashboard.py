@@ -394,3 +394,24 @@ async def test_everything_moves_under_a_dashboard_prefix(c, s, a, b):
     assert json.loads(plots)["Individual Crux Steps"] == "/individual-crux-steps"
     code, _ = await fetch(s, "/crux")
     assert code == 404  # nothing answers outside the prefix
+
+
+def test_a_thread_handoff_is_a_link_between_two_bars_and_a_row_that_says_so():
+    b = PAGBuilder()
+    b.root(0.0)
+    w = "tcp://10.0.0.1:1"
+    for i in range(3):  # all runnable at once, on one thread
+        b.compute(f"t{i}", w, 1, float(i), i + 1.0, 8, (), sent=0.0, received=0.0,
+                  runnable=0.0)
+    data = static_source(b.pag())
+    timeline, steps, breakdown = WCPTimeline(data), StepsTable(data), Breakdown(data)
+    for component in (timeline, steps, breakdown):
+        component.update()
+    assert steps.source.data["via"] == ["data", "thread", "thread"]
+    links = timeline.links.data
+    assert links["via"] == ["thread", "thread"]
+    # From where the task before ended to where this one started: the same lane.
+    assert links["x0"] == pytest.approx([1.0, 2.0]) and links["x1"] == pytest.approx([1.0, 2.0])
+    assert set(links["y0"]) == set(links["y1"]) == {f"memory@{w}"}
+    shown = dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"]))
+    assert shown["compute"] == pytest.approx(3.0) and shown["wait"] == pytest.approx(0.0)

@@ -26,7 +26,7 @@ def malformed_batches(n: int, seed: int = 0) -> list[bytes]:
                                "events": [good]}),
         lambda: msgpack.packb({"v": 1, "source": rng.randrange(9), "seq": 1, "events": []}),
         lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,
-                               "events": [good[:rng.randrange(1, 7)]]}),
+                               "events": [good[:rng.randrange(1, 6)]]}),  # too few fields
         lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,
                                "events": [[*good[:4], "early", 2.0, 10]]}),
         lambda: msgpack.packb({"v": 1, "source": "w", "seq": 1,

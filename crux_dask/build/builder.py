@@ -180,14 +180,17 @@ class PAGBuilder:
                 label: str | None = None, group: str | None = None,
                 kind: str | None = None, location: str | None = None,
                 origin: str | None = None, reads: Sequence[str] | None = None, *,
-                now: float = 0.0) -> int | None:
+                sent: float | None = None, received: float | None = None,
+                runnable: float | None = None, released_by: str | None = None,
+                released_on: str | None = None, now: float = 0.0) -> int | None:
         """A task computed; the fields are those of :class:`~crux_dask.events.Compute`.
 
         ``kind`` is the event's ``mutation`` field.
         """
-        return self._compute(Compute("compute", key, worker, thread, start, stop, nbytes,
-                                     tuple(inputs), root, label, group, kind, location,
-                                     origin, tuple(reads) if reads else None), now)
+        return self._compute(Compute(
+            "compute", key, worker, thread, start, stop, nbytes, tuple(inputs), root, label,
+            group, kind, location, origin, tuple(reads) if reads else None, sent, received,
+            runnable, released_by, released_on), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:

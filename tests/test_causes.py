@@ -1,0 +1,244 @@
+"""Causes besides data: tasks that waited for a thread or a queue slot, on real clusters.
+
+Contention is built so that the answer is known: tasks that queue for one
+thread must form the path; on Dask's own collections, the time no recorded
+interval explains stays small.  Dask's task stream is the independent witness
+of what ran where and when.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import dask
+import dask.array as da
+import dask.bag as db
+import pytest
+from distributed import Client, LocalCluster
+from distributed.diagnostics.task_stream import TaskStreamPlugin
+
+import crux_dask
+from crux_dask import PAGBuilder
+from crux_dask.path import CATEGORIES
+
+A = "tcp://10.0.0.1:1"
+B = "tcp://10.0.0.2:1"
+
+
+def work(i: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return i
+
+
+def gather(*parts: int) -> int:
+    return sum(parts)
+
+
+def fan_in(n: int, seconds, name: str = "work"):
+    """``n`` independent tasks of ``seconds(i)`` each, summed by one task."""
+    parts = [dask.delayed(work)(i, seconds(i), dask_key_name=f"{name}-{i}") for i in range(n)]
+    return dask.delayed(gather)(*parts, dask_key_name=f"{name}-total")
+
+
+def add_task_stream(dask_scheduler) -> None:
+    dask_scheduler.add_plugin(TaskStreamPlugin(dask_scheduler), name="test-task-stream")
+
+
+def task_stream(dask_scheduler) -> list[dict]:
+    return list(dask_scheduler.plugins["test-task-stream"].buffer)
+
+
+def check_breakdown(path) -> None:
+    assert set(path.breakdown) == set(CATEGORIES)
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
+    # Only wait may be a little negative: workers' clocks disagree by milliseconds.
+    assert all(seconds >= -1e-9 for category, seconds in path.breakdown.items()
+               if category != "wait"), path.breakdown
+    assert path.breakdown["wait"] >= -0.01
+
+
+def warm_up(client: Client) -> None:
+    """Every worker has run this module's code once: the first task on a fresh
+    worker imports the module, which would count as its dispatch."""
+    for worker in client.scheduler_info()["workers"]:
+        client.submit(work, 0, 0.0, workers=[worker], pure=False).result()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        client.run_on_scheduler(add_task_stream)
+        warm_up(client)
+        yield client
+
+
+def test_tasks_queued_for_one_thread_are_the_path(one_thread):
+    client = one_thread
+    fan_in(10, lambda i: 0.12).compute()
+    path = crux_dask.get_wcp(client)
+    steps = path.to_frame()
+    works = steps[steps["key"].str.match(r"work-\d+$") & (steps["category"] == "compute")]
+    # The chain of all ten tasks, each released by the one before it on the thread.
+    assert sorted(works["key"]) == sorted(f"work-{i}" for i in range(10))
+    assert (works["via"].iloc[1:] == "thread").all()
+    assert path.breakdown["compute"] >= 0.8 * path.length
+    assert path.breakdown["wait"] <= 0.1 * path.length
+    check_breakdown(path)
+    # Dask's task stream saw the same tasks run back to back on one thread.
+    stream = {r["key"]: r for r in client.run_on_scheduler(task_stream)}
+    for step in works.itertuples():
+        compute = next(s for s in stream[step.key]["startstops"] if s["action"] == "compute")
+        assert step.start == pytest.approx(compute["start"], abs=1e-6)
+        assert step.stop == pytest.approx(compute["stop"], abs=1e-6)
+
+
+def test_a_graph_without_contention_has_no_thread_cause(one_thread):
+    client = one_thread
+    chain = dask.delayed(work)(0, 0.05, dask_key_name="alone-0")
+    for i in range(1, 4):
+        chain = dask.delayed(work)(chain, 0.05, dask_key_name=f"alone-{i}")
+    chain.compute()
+    path = crux_dask.get_wcp(client)
+    assert set(path.to_frame()["via"]) == {"data"}  # each task waited for its input only
+    assert path.breakdown["compute"] >= 0.6 * path.length
+    check_breakdown(path)
+
+
+@pytest.fixture(scope="module")
+def two_by_two():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        warm_up(client)
+        yield client
+
+
+def test_two_workers_one_thread_each_chain_on_one_worker():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        warm_up(client)
+        fan_in(8, lambda i: 0.12).compute()
+        path = crux_dask.get_wcp(client)
+    steps = path.to_frame()
+    works = steps[steps["key"].str.match(r"work-\d+$") & (steps["category"] == "compute")]
+    assert len(works) >= 4  # half the tasks ran one after another on the path's thread
+    assert set(works["destination"]) == {works["destination"].iloc[0]}
+    assert path.breakdown["compute"] >= 0.8 * path.length
+    check_breakdown(path)
+
+
+def test_the_thread_of_the_slow_task_is_the_path(two_by_two):
+    client = two_by_two
+    fan_in(16, lambda i: 0.6 if i == 5 else 0.05, name="mixed").compute()
+    path = crux_dask.get_wcp(client)
+    steps = path.to_frame()
+    assert "mixed-5" in set(steps["key"])
+    assert path.breakdown["compute"] >= 0.6 * path.length
+    check_breakdown(path)
+
+
+def tree():
+    def inc(x: int) -> int:
+        time.sleep(0.01)
+        return x + 1
+
+    layer = [dask.delayed(inc)(i) for i in range(32)]
+    while len(layer) > 1:
+        layer = [dask.delayed(gather)(a, b) for a, b in zip(layer[::2], layer[1::2])]
+    return layer[0]
+
+
+COLLECTIONS = {
+    "array matmul": lambda: (lambda x: (x @ x.T).sum())(
+        da.random.random((2000, 2000), chunks=(500, 500))),
+    "array rechunk": lambda: da.random.random((3000, 3000), chunks=(300, 3000))
+    .T.rechunk((3000, 300)).sum(),
+    "bag foldby": lambda: db.from_sequence(range(20_000), npartitions=16).foldby(
+        lambda x: x % 10, lambda a, x: a + x, 0, lambda a, b: a + b, 0),
+    "delayed tree": tree,
+}
+
+
+@pytest.mark.parametrize("name", list(COLLECTIONS))
+def test_every_second_of_a_real_collection_has_a_cause(two_by_two, name):
+    client = two_by_two
+    dask.compute(COLLECTIONS[name]())
+    path = crux_dask.get_wcp(client)
+    check_breakdown(path)
+    assert path.breakdown["wait"] <= 0.1 * path.length, path.summary()
+    assert len(path) >= 3
+
+
+# -- the rules, on events built by hand --------------------------------------------
+def test_a_task_runnable_before_its_thread_was_free_waited_for_the_task_before():
+    b = PAGBuilder()
+    b.root(0.0)
+    first = b.compute("first", A, 7, 0.0, 1.0, 8, (), sent=0.0, received=0.0, runnable=0.0)
+    second = b.compute("second", A, 7, 1.0, 2.0, 8, (), sent=0.0, received=0.0,
+                       runnable=0.0)
+    third = b.compute("third", A, 7, 3.0, 4.0, 8, (), sent=2.5, received=2.9, runnable=2.9)
+    causes = b.pag().causes
+    assert causes[["src", "dst", "kind"]].values.tolist() == [[first, second, "THREAD"]]
+    path = b.pag().wcp(end=second)
+    assert path.to_frame()["via"].tolist() == ["data", "thread"]
+    # The third task was not there yet when the thread freed: no cause.
+    assert third not in set(causes["dst"])
+
+
+def test_a_slot_cause_reported_before_the_task_that_freed_it_waits_for_it():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0.0, 0.5, 8, ())
+    # The queued task's report comes first; its releaser waits for a fetch of x.
+    queued = ("compute", "queued", B, 2, 1.2, 2.0, 8, (), -1, None, None, None, None, None,
+              None, 1.1, 1.15, 1.15, "freer", B)
+    assert b.apply(queued) is None
+    freer = b.compute("freer", B, 1, 0.6, 1.0, 8, ("x",))
+    assert freer is None  # waits for the fetch of x to B
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 0.5, 0.6)
+    causes = b.pag().causes
+    states = b.pag().states.set_index("state_id")
+    (row,) = causes.itertuples()
+    assert (states.loc[row.src, "key"], states.loc[row.dst, "key"], row.kind) == (
+        "freer", "queued", "SLOT")
+    assert b.pag().wcp().to_frame()["via"].iloc[-1] == "slot"
+
+
+def test_a_releaser_never_reported_leaves_the_task_without_a_cause():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.apply(("compute", "queued", B, 2, 1.2, 2.0, 8, (), -1, None, None, None, None, None,
+             None, 1.1, 1.15, 1.15, "gone", A))
+    assert b.n_parked == 1
+    assert b.resolve_parked() == 1
+    assert len(b.pag().causes) == 0
+    path = b.pag().wcp()
+    assert path.to_frame()["via"].tolist() == ["data"]
+    check_breakdown(path)
+
+
+def test_without_moments_the_time_before_a_task_is_wait_and_with_them_scheduling():
+    for moments, part in (({}, "wait"), ({"sent": 0.5}, "scheduling")):
+        b = PAGBuilder()
+        b.root(0.0)
+        b.compute("x", A, 1, 1.0, 2.0, 8, (), **moments)
+        path = b.pag().wcp()
+        assert path.breakdown[part] == pytest.approx(1.0)
+        assert path.breakdown["compute"] == pytest.approx(1.0)
+
+
+def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0.0, 1.0, 8, (), sent=0.0)
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 1.5, 1.7, 8)  # no request time: wait
+    b.apply(("transfer", "x", f"memory@{A}", f"memory@{B}", 2.5, 2.8, 8, 1.2))
+    steps = b.pag().wcp().to_frame()
+    fetch = steps.iloc[-1]
+    assert (fetch["scheduling"], fetch["queued"], fetch["busy"]) == pytest.approx(
+        (0.2, 1.3, 0.3))
+    assert math.isclose(fetch["wait"], 0.0, abs_tol=1e-12)

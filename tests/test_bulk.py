@@ -62,6 +62,10 @@ class Workflow:
             "CONVERT" if rare == 1 else None, f"disk@{worker}" if rare == 2 else None,
             draw(st.sampled_from([None, None, None, "erred", "origin-x"])),
             (draw(st.sampled_from(self.computed)),) if rare == 3 and self.computed else None,
+            *draw(st.sampled_from([
+                (), (start - 0.5, None, start - 0.25), (None, None, None, None, None),
+                (start - 0.5, start - 0.4, start - 0.4,
+                 self.computed[-1] if self.computed else "nobody", worker)])),
         ))
         self.computed.append(key)
         self.held.setdefault(key, set()).add(memory)
@@ -69,7 +73,8 @@ class Workflow:
     def transfer(self, key: str, source: str, target: str) -> None:
         start, stop = self.tick(target)
         nbytes = self.draw(st.sampled_from([None, 10, 2000]))
-        self.events.append(("transfer", key, source, target, start, stop, nbytes))
+        self.events.append(("transfer", key, source, target, start, stop, nbytes,
+                            *self.draw(st.sampled_from([(), (None,), (start - 0.1,)]))))
         self.held.setdefault(key, set()).add(target)
 
     def step(self) -> None:
@@ -188,6 +193,7 @@ def state_of(builder: PAGBuilder) -> dict:
                  "roots"):
         found[name] = getattr(builder, name)
     found["latest"] = builder.ends.latest
+    found["threads"] = dict(builder.threads.last)
     found["released"] = {(key, place): builder.holdings.released_at(key, code)
                          for key in set(store.keys.values)
                          for place, code in store.locations.codes.items()}

@@ -27,8 +27,9 @@ def format_path(path: CriticalPath, max_key: int = 40) -> str:
         destination=frame["destination"].map(_short_location),
         at=(frame["stop"] - t0).round(3),
         busy=frame["busy"].round(3),
+        sched=(frame["scheduling"] + frame["queued"]).round(3),
         wait=frame["wait"].round(3),
-    )[["step", "kind", "key", "source", "destination", "at", "busy", "wait"]]
+    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "sched", "wait"]]
     return f"{table.to_string(index=False)}\n\n{path.summary()}"
 
 

@@ -202,7 +202,8 @@ def compare_networkx(n_states: int = 100_000) -> None:
             mutations["busy"].tolist()), weight="busy")
     ours = best_of(3, lambda: pag.wcp(method="longest"))
     theirs = best_of(1, lambda: nx.dag_longest_path(graph, weight="busy"))
-    ours_busy = pag.wcp(method="longest").mutations["busy"].sum()
+    busy = mutations.set_index("mutation_id")["busy"]
+    ours_busy = busy.loc[pag.wcp(method="longest").steps["mutation_id"]].sum()
     path = nx.dag_longest_path(graph, weight="busy")
     theirs_busy = sum(graph[a][b]["busy"] for a, b in itertools.pairwise(path))
     print(f"longest at {builder.store.n_states:,} states: ours {ours * 1e3:.0f} ms, "

@@ -27,12 +27,14 @@ import pandas as pd
 from crux_dask.model import CauseKind, MutationKind, location_class
 from crux_dask.store import PAGStore
 
-__all__ = ["CATEGORIES", "CriticalPath", "Step"]
+__all__ = ["CATEGORIES", "NO_STEPS", "CriticalPath", "Steps"]
 
 #: Categories of the breakdown, in display order.
 CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "scheduling", "queued", "wait")
-#: A step of a path: ``(True, cause id)`` through a cause, ``(False, mutation id)`` through data.
-Step = tuple[bool, int]
+#: The steps of a path, in order: whether each came through a cause, and the id
+#: of its cause or mutation.
+Steps = tuple[np.ndarray, np.ndarray]
+NO_STEPS: Steps = (np.zeros(0, bool), np.zeros(0, np.int64))
 
 
 @dataclass
@@ -61,11 +63,10 @@ class CriticalPath:
     breakdown: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_store(cls, store: PAGStore, steps: list[Step], method: str,
+    def from_store(cls, store: PAGStore, steps: Steps, method: str,
                    single: int | None = None) -> CriticalPath:
         """The path of ``steps`` in ``store`` (just the state ``single`` when empty)."""
-        through_cause = np.array([c for c, _ in steps], bool)
-        ids = np.array([i for _, i in steps], np.int64)
+        through_cause, ids = steps
         mids, cids = ids[~through_cause], ids[through_cause]
         src = np.empty(len(ids), np.int64)
         dst = np.empty(len(ids), np.int64)
@@ -79,9 +80,8 @@ class CriticalPath:
             sids = np.asarray([] if single is None or single < 0 else [single], "int64")
         states = store.states_frame(sids).reset_index(drop=True)
         frame = _steps(store, through_cause, ids, src, dst, states)
-        breakdown = dict.fromkeys(CATEGORIES, 0.0)
-        for category, seconds in zip(frame["category"].tolist(), frame["busy"].tolist()):
-            breakdown[category] += seconds
+        busy = frame.groupby("category", observed=True)["busy"].sum()
+        breakdown = {c: float(busy.get(c, 0.0)) for c in CATEGORIES}
         for part in ("scheduling", "queued", "wait"):
             breakdown[part] += float(frame[part].sum())
         length = float(states["time"].iloc[-1] - states["time"].iloc[0]) if len(states) else 0.0
@@ -125,7 +125,8 @@ class CriticalPath:
         )
 
 
-_CAUSE_NAMES = {int(k): k.name for k in CauseKind}
+_KIND_NAMES = np.array([k.name for k in (*MutationKind, *CauseKind)], object)
+_VIA = np.array([k.name.lower() for k in CauseKind], object)
 
 
 def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,
@@ -134,17 +135,22 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     time = store.column("state_time", np.concatenate([src, dst]))
     src_time, stop = time[:n], time[n:]
     start = store.column("state_start", dst)
-    kind = np.empty(n, object)
     mids, cids = ids[~through_cause], ids[through_cause]
-    kind[~through_cause] = [MutationKind(k).name for k in store.column("mutation_kind", mids)]
-    kind[through_cause] = [_CAUSE_NAMES[k] for k in store.column("cause_kind", cids).tolist()]
-    via = np.where(through_cause, np.char.lower(kind.astype(str)), "data")
-    location = states["location"].tolist()
-    # What made the target: its category, and how long it was busy.
-    made_by = np.where(through_cause, "", kind).tolist()
-    for i in np.flatnonzero(through_cause).tolist():  # the task the freed resource ran
-        made_by[i] = MutationKind.CONVERT.name
-    category = [_category(k, location[i], location[i + 1]) for i, k in enumerate(made_by)]
+    kind_code = np.empty(n, np.int64)
+    kind_code[~through_cause] = store.column("mutation_kind", mids)
+    kind_code[through_cause] = len(MutationKind) + store.column("cause_kind", cids)
+    kind = _KIND_NAMES[kind_code]
+    via = np.where(through_cause, _VIA[np.maximum(kind_code - len(MutationKind), 0)], "data")
+    # What made the target: a task for a cause step, else the mutation's kind.
+    classes = np.array([location_class(v) for v in store.locations.values] or [""], object)
+    src_class = classes[store.column("state_location", src)]
+    dst_class = classes[store.column("state_location", dst)]
+    moved = ~through_cause & (kind_code == MutationKind.TRANSFER)
+    category = np.where(~through_cause & (kind_code == MutationKind.DELETE), "delete",
+                        "compute").astype(object)
+    category[moved] = "transfer"
+    category[moved & ((src_class == "file") | (dst_class == "file"))] = "io"
+    category[moved & ((src_class == "disk") | (dst_class == "disk"))] = "spill"
     cost = stop - src_time
     busy = np.zeros(n)
     busy[~through_cause] = store.column("mutation_busy", mids)
@@ -154,7 +160,7 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     # The gap before the operation: explained where its moments were recorded.
     requested = store.column("state_requested", dst)
     recorded = ~np.isnan(requested)
-    is_fetch = np.array([c == "transfer" for c in category], bool) & ~through_cause
+    is_fetch = category == "transfer"
     explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
     queued = np.where(recorded & is_fetch,
                       np.clip(start - np.maximum(requested, src_time), 0.0, explained), 0.0)
@@ -182,16 +188,3 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         "queued": queued,
         "wait": wait,
     })
-
-
-def _category(kind: str, source: str, destination: str) -> str:
-    if kind == MutationKind.DELETE.name:
-        return "delete"
-    if kind != MutationKind.TRANSFER.name:
-        return "compute"
-    classes = {location_class(source), location_class(destination)}
-    if "disk" in classes:
-        return "spill"
-    if "file" in classes:
-        return "io"
-    return "transfer"

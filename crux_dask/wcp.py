@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from crux_dask.build import rules
-from crux_dask.path import CATEGORIES, CriticalPath, Step
+from crux_dask.path import CATEGORIES, NO_STEPS, CriticalPath, Steps
 from crux_dask.store import PAGStore
 
 __all__ = ["CATEGORIES", "METHODS", "CriticalPath", "critical_path", "longest_path",
@@ -36,7 +36,7 @@ __all__ = ["CATEGORIES", "METHODS", "CriticalPath", "critical_path", "longest_pa
 METHODS = ("observed", "longest")
 
 
-def observed_path(store: PAGStore, end: int, start: int | None = None) -> list[Step]:
+def observed_path(store: PAGStore, end: int, start: int | None = None) -> Steps:
     """The steps of the chain of last causes ending at ``end``, in path order.
 
     Parameters
@@ -60,20 +60,22 @@ def observed_path(store: PAGStore, end: int, start: int | None = None) -> list[S
         pred, cause = _from(store, start, end)
     m_src, c_src = store.mutation_src, store.cause_src
     ready, time = store.state_ready, store.state_time
-    path: list[Step] = []
+    through_cause: list[bool] = []
+    ids: list[int] = []
     state = end
     while state != start:
         mid, cid = pred[state], cause[state]
         if cid >= 0 and (mid < 0 or time[c_src[cid]] > ready[m_src[mid]]):
-            path.append((True, int(cid)))
+            through_cause.append(True)
+            ids.append(cid)
             state = c_src[cid]
         elif mid >= 0:
-            path.append((False, int(mid)))
+            through_cause.append(False)
+            ids.append(mid)
             state = m_src[mid]
         else:
             break
-    path.reverse()
-    return path
+    return (np.array(through_cause[::-1], bool), np.array(ids[::-1], np.int64))
 
 
 def _from(store: PAGStore, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +172,9 @@ def critical_path(store: PAGStore, start: int | None = None, end: int | None = N
                              f"(0 to {store.n_states - 1})")
     if method == "observed":
         end = default_end if end is None else end
-        steps = observed_path(store, end, start) if end >= 0 else []
+        steps = observed_path(store, end, start) if end >= 0 else NO_STEPS
     else:
-        steps = [(False, mid) for mid in longest_path(store, start, end)]
-    return CriticalPath.from_store(store, steps, method, single=end if not steps else None)
+        mids = np.array(longest_path(store, start, end), np.int64)
+        steps = (np.zeros(len(mids), bool), mids)
+    return CriticalPath.from_store(store, steps, method,
+                                   single=end if not len(steps[1]) else None)

@@ -335,3 +335,30 @@ def test_local_cluster_with_processes():
         stats = crux_dask.get_stats(client)
         assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
         assert isinstance(crux_dask.get_pag(client).states, pd.DataFrame)
+
+
+@gen_cluster(client=True)
+async def test_a_rescheduled_task_keeps_the_path_consistent(c, s, a, b):
+    from distributed import Reschedule
+
+    def once_elsewhere(x: int) -> int:
+        from distributed import get_worker
+
+        worker = get_worker()
+        if not getattr(worker, "rescheduled_once", False):  # the first try gives up
+            worker.rescheduled_once = True
+            raise Reschedule()
+        return x + 1
+
+    await crux_dask.attach(c)
+    x = c.submit(slow_inc, 0, 0.05, key="x", workers=[a.address])
+    y = c.submit(once_elsewhere, x, key="y", workers=[a.address])
+    assert await y == 2
+    # It really went back from processing, and ran again.
+    moves = [(start, finish) for _, start, finish, *_ in s.story("y")]
+    assert ("processing", "released") in moves, moves
+    path = await crux_dask.get_wcp(c)
+    assert path.states["key"].iloc[-1] == "y"
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
+    stats = await crux_dask.get_stats(c)
+    assert stats["hook_errors"] == 0 and stats["events_failed"] == 0

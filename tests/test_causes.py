@@ -243,33 +243,3 @@ def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
         (0.2, 1.3, 0.3))
     assert math.isclose(fetch["wait"], 0.0, abs_tol=1e-12)
 
-
-def test_a_rescheduled_task_keeps_the_path_consistent():
-    from distributed import Reschedule
-    from distributed.utils_test import gen_cluster
-
-    def once_elsewhere(x: int) -> int:
-        from distributed import get_worker
-
-        worker = get_worker()
-        if not getattr(worker, "rescheduled_once", False):  # the first try gives up
-            worker.rescheduled_once = True
-            raise Reschedule()
-        return x + 1
-
-    @gen_cluster(client=True)
-    async def run(c, s, a, b):
-        await crux_dask.attach(c)
-        x = c.submit(work, 1, 0.05, key="x", workers=[a.address])
-        y = c.submit(once_elsewhere, x, key="y", workers=[a.address])
-        assert await y == 2
-        # It really went back from processing, and ran again.
-        moves = [(start, finish) for _, start, finish, *_ in s.story("y")]
-        assert ("processing", "released") in moves, moves
-        path = await crux_dask.get_wcp(c)
-        assert path.states["key"].iloc[-1] == "y"
-        check_breakdown(path)
-        stats = await crux_dask.get_stats(c)
-        assert stats["hook_errors"] == 0 and stats["events_failed"] == 0
-
-    run()

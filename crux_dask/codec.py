@@ -3,13 +3,14 @@
 Two versions, both decoded; :func:`encode_batch` writes rows for a few events
 and columns for many:
 
-* **2**: the events in columns
-  (:class:`~crux_dask.columns.EventColumns`), ``{"v": 2, "source": str,
+* **3**: the events in columns
+  (:class:`~crux_dask.columns.EventColumns`), ``{"v": 3, "source": str,
   "seq": int, "strings": [str, ...], "columns": {name: bytes, ...},
   "others": [[position, event], ...]}``.  Each column is the little-endian
   bytes of one array (dtypes in :data:`WIRE_DTYPES`); string columns index
-  ``strings``.  Events that are not plain computations, transfers or releases
-  travel whole in ``others``.  The receiver reads the columns without
+  ``strings``; a column of moments that none of the batch's events recorded
+  (NaN throughout) is sent empty.  Events that are not plain computations,
+  transfers or releases travel whole in ``others``.  The receiver reads the columns without
   creating an object per event, and looks each distinct string up once.
 * **1**, rows: ``{"v": 1, "source": str, "seq": int, "events": [...]}`` whose
   events are arrays ``[kind, field, ...]`` with the fields of
@@ -31,6 +32,7 @@ import msgpack
 import numpy as np
 
 from crux_dask.columns import COLUMNS_FROM, COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
+from crux_dask.encoding import MOMENTS
 from crux_dask.events import EVENT_KINDS, REQUIRED, TYPES, Delete, Transfer
 from crux_dask.model import MutationKind
 
@@ -123,10 +125,17 @@ def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0
         raise BatchError("too many distinct strings for one batch")
     return msgpack.packb({
         "v": VERSION, "source": source, "seq": seq, "strings": encoded.strings,
-        "columns": {name: np.ascontiguousarray(getattr(encoded, name), dtype).tobytes()
+        "columns": {name: _column_bytes(getattr(encoded, name), name, dtype)
                     for name, dtype in WIRE_DTYPES.items()},
         "others": [[i, list(event)] for i, event in encoded.others.items()],
     }, use_bin_type=True)
+
+
+def _column_bytes(values: np.ndarray, name: str, dtype: str) -> bytes:
+    """A column's bytes on the wire; none for moments not recorded in the whole batch."""
+    if name in MOMENTS and np.isnan(values).all():
+        return b""
+    return np.ascontiguousarray(values, dtype).tobytes()
 
 
 def decode_batch(data: bytes, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
@@ -201,6 +210,9 @@ def _columns(strings: Any, columns: Any, others: Any) -> EventColumns:
             np.int8 if name == "kind" else np.float64 if dtype[1] == "f" else np.int64)
     kind = arrays["kind"]
     n = len(kind)
+    for name in MOMENTS:
+        if not len(arrays[name]):  # none recorded in the whole batch
+            arrays[name] = np.full(n, np.nan)
     for name, values in arrays.items():
         if name != "inputs" and len(values) != n:
             raise BatchError(f"column {name!r} has {len(values)} values for {n} events")

@@ -226,3 +226,16 @@ def test_a_valid_batch_applies_every_event():
     builder.compute("x", "a", 1, 0.0, 1.0, 8, ())
     assert builder.apply_batch(batch_of(good_event())) == 1
     assert builder.store.n_states == 3
+
+
+def test_moments_none_of_the_batch_recorded_cost_no_bytes():
+    plain = [("transfer", f"k{i}", "memory@a", "memory@b", 1.0, 2.0, 10)
+             for i in range(COLUMNS_FROM)]
+    message = msgpack.unpackb(encode_batch(plain))
+    assert {message["columns"][m] for m in ("requested", "received", "runnable")} == {b""}
+    decoded = decode_batch(encode_batch(plain))
+    assert decoded.events == [parse(e) for e in plain]
+    asked = [(*event, 0.5) for event in plain]
+    message = msgpack.unpackb(encode_batch(asked))
+    assert len(message["columns"]["requested"]) == 8 * len(asked)
+    assert decode_batch(encode_batch(asked)).events == [parse(e) for e in asked]

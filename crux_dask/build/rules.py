@@ -30,7 +30,9 @@ one.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 from dask.utils import key_split
@@ -140,6 +142,10 @@ class FanOut:
     def forget(self, src: int) -> None:
         """``src`` was released: no task reads it any more."""
         self.seen.pop(src, None)
+
+    def forget_many(self, sources: list[int]) -> None:
+        """:meth:`forget` of many sources."""
+        deque(map(self.seen.pop, sources, repeat(None)), maxlen=0)
 
 
 # -- ready times ------------------------------------------------------------
@@ -290,27 +296,30 @@ class ThreadLanes:
         ``thread`` is ``-1`` for a task not run on a thread; ``time_of`` maps
         state ids to their times.  Returns the causes' sources and targets.
         """
-        on_thread = thread >= 0
-        memory, thread, states, runnable, start = (
-            memory[on_thread], thread[on_thread], states[on_thread], runnable[on_thread],
-            start[on_thread])
-        if not len(states):
+        on_thread = np.flatnonzero(thread >= 0)
+        if not len(on_thread):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        lanes, lane = np.unique(np.stack([memory, thread], 1), axis=0, return_inverse=True)
-        order = np.argsort(lane.reshape(-1), kind="stable")
-        lane, states, runnable, start = (lane.reshape(-1)[order], states[order],
-                                         runnable[order], start[order])
+        memory, thread, states = memory[on_thread], thread[on_thread], states[on_thread]
+        # Lanes as small integers: thread ids are large, but a window holds few of them.
+        threads, thread_code = np.unique(thread, return_inverse=True)
+        lane = memory * len(threads) + thread_code.reshape(-1)
+        order = np.argsort(lane, kind="stable")  # by lane, in state order within each
+        lane = lane[order]
         first = np.r_[True, lane[1:] != lane[:-1]]
         last = np.r_[first[1:], True]
-        before = np.empty(len(states), np.int64)
-        before[1:] = states[:-1]
-        before[first] = [self.last.get(tuple(pair), -1) for pair in lanes[lane[first]].tolist()]
-        self.last.update(zip(map(tuple, lanes[lane[last]].tolist()), states[last].tolist()))
-        known = np.flatnonzero(before >= 0)
-        freed = time_of(before[known])
-        caused = known[(runnable[known] <= freed) & (freed <= start[known] + CLOCK_SLACK)]
-        by_target = np.argsort(states[caused])
-        return before[caused][by_target], states[caused][by_target]
+        before = np.empty(len(order), np.int64)
+        before[1:] = states[order][:-1]
+        pairs = list(zip(memory[order][first].tolist(), thread[order][first].tolist()))
+        before[first] = [self.last.get(pair, -1) for pair in pairs]
+        self.last.update(zip(zip(memory[order][last].tolist(), thread[order][last].tolist()),
+                             states[order][last].tolist()))
+        previous = np.empty(len(order), np.int64)  # back in state order
+        previous[order] = before
+        known = np.flatnonzero(previous >= 0)
+        freed = time_of(previous[known])
+        caused = known[(runnable[on_thread][known] <= freed)
+                       & (freed <= start[on_thread][known] + CLOCK_SLACK)]
+        return previous[caused], states[caused]
 
 
 # -- the end of the graph -----------------------------------------------------

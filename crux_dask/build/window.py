@@ -333,8 +333,7 @@ class _Window:
 
         # The builder's view of what is held where, and of the graph's end.
         self._update_held(ids)
-        for src in d["src"].tolist():
-            builder.fanout.forget(src)
+        builder.fanout.forget_many(d["src"].tolist())
         created = np.flatnonzero(self.kinds != DELETE)
         builder.ends.add_many(ids[created], time[created], m_src, np.repeat(ids, n_mutations))
         builder.n_applied += f

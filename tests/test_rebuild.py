@@ -86,25 +86,23 @@ class Cluster:
         self.done.append(key)
         self.held[key] = {memory}
 
-    def unspill(self, key: str, worker: str) -> None:
+    def move(self, key: str, worker: str, source: str, target: str) -> None:
+        """Spill (memory to disk) or load back: a transfer, then the source copy is gone."""
         start, stop = self.times(worker)
-        self.report(worker, ("transfer", key, f"disk@{worker}", f"memory@{worker}", start,
-                             stop, None))
-        self.report(worker, ("delete", key, f"disk@{worker}", stop))
-        self.held[key] -= {f"disk@{worker}"}
-        self.held[key].add(f"memory@{worker}")
+        self.report(worker, ("transfer", key, f"{source}@{worker}", f"{target}@{worker}",
+                             start, stop, None))
+        self.report(worker, ("delete", key, f"{source}@{worker}", stop))
+        self.held[key] -= {f"{source}@{worker}"}
+        self.held[key].add(f"{target}@{worker}")
+
+    def unspill(self, key: str, worker: str) -> None:
+        self.move(key, worker, "disk", "memory")
 
     def spill(self, key: str) -> None:
         places = sorted(p for p in self.held[key] if p.startswith("memory@"))
-        if not places:
-            return
-        worker = self.draw(st.sampled_from(places)).partition("@")[2]
-        start, stop = self.times(worker)
-        self.report(worker, ("transfer", key, f"memory@{worker}", f"disk@{worker}", start,
-                             stop, None))
-        self.report(worker, ("delete", key, f"memory@{worker}", stop))
-        self.held[key] -= {f"memory@{worker}"}
-        self.held[key].add(f"disk@{worker}")
+        if places:
+            self.move(key, self.draw(st.sampled_from(places)).partition("@")[2], "memory",
+                      "disk")
 
     def release(self, key: str) -> None:
         for place in sorted(self.held.pop(key, ())):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from crux_dask.model import CAUSE_COLUMNS, MOMENT_COLUMNS, MUTATION_COLUMNS, STATE_COLUMNS
 from crux_dask.rebuild import end_state, store_from_frames
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
+
+if TYPE_CHECKING:
+    from crux_dask.whatif import WhatIf
 
 __all__ = ["PAG"]
 
@@ -125,6 +130,66 @@ class PAG:
         index = self._run_index(run_id)
         return critical_path(self.stores[index], start, end, method,
                              default_end=self.ends[index])
+
+    def what_if(self, workers: int | None = None, threads: int | None = None,
+                speedup: dict[str, float] | None = None,
+                transfer_speedup: float | None = None, spill: bool = True,
+                run_id: str | None = None) -> WhatIf:
+        """Replay the run with a model of Dask's scheduler, changed (see :mod:`crux_dask.whatif`).
+
+        Parameters
+        ----------
+        workers, threads : int, optional
+            Workers, and threads per worker (default: as recorded).
+        speedup : dict, optional
+            Task prefix (label) to factor ``k``: that prefix computes ``k``
+            times faster.
+        transfer_speedup : float, optional
+            Transfers between workers ``k`` times faster (``float("inf")``:
+            free).
+        spill : bool
+            ``False`` removes the time spent spilling to and loading from disk.
+        run_id : str, optional
+            The run (the latest by default).
+
+        Returns
+        -------
+        WhatIf
+            ``.makespan`` (predicted seconds, from the graph's root to the
+            run's end), ``.replay_error`` (the unchanged replay against the
+            recorded run, as a fraction) and ``.path`` (the predicted run's
+            critical path).
+
+        Raises
+        ------
+        ValueError
+            For an unknown prefix, fewer than one worker or thread, a factor
+            that is not positive, or a run without tasks or timing.
+        """
+        from crux_dask.whatif import what_if
+
+        index = self._run_index(run_id)
+        return what_if(self.stores[index], self.ends[index], workers, threads, speedup,
+                       transfer_speedup, spill)
+
+    def suggest(self, run_id: str | None = None) -> pd.DataFrame:
+        """Candidate changes ranked by the seconds a what-if replay predicts they save.
+
+        Each of the top task prefixes of the observed path 2× faster, one more
+        worker, twice the threads, free transfers and no spill.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per change, most seconds saved first: ``change``,
+            ``predicted`` makespan, ``saved`` (against the unchanged replay),
+            ``saved_share``, ``replay_error`` and ``path_then``: the prefixes
+            with the most busy seconds on the predicted critical path.
+        """
+        from crux_dask.whatif import suggest
+
+        index = self._run_index(run_id)
+        return suggest(self.stores[index], self.ends[index], self.wcp(run_id=run_id))
 
     def _run_index(self, run_id: str | None) -> int:
         if not self.stores:

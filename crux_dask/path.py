@@ -103,6 +103,34 @@ class CriticalPath:
         """
         return self.steps
 
+    def by_prefix(self) -> pd.DataFrame:
+        """Where the path spends its time, by task prefix (the label of what each step made).
+
+        One row per prefix, most seconds first: ``prefix``, ``seconds`` on the
+        path (the cost of its steps), ``share`` of the path's length,
+        ``steps``, and the ``dominant`` category of those seconds (a busy
+        category, ``scheduling``, ``queued`` or ``wait``).
+        """
+        steps = self.steps
+        prefix = steps["label"]
+        seconds = pd.concat([  # every second of a step under its category
+            pd.DataFrame({"prefix": prefix, "category": steps["category"],
+                          "seconds": steps["busy"]}),
+            *(pd.DataFrame({"prefix": prefix, "category": part, "seconds": steps[part]})
+              for part in ("scheduling", "queued", "wait"))])
+        by = seconds.pivot_table(index="prefix", columns="category", values="seconds",
+                                 aggfunc="sum", fill_value=0.0)
+        table = pd.DataFrame({
+            "prefix": pd.Series(by.index, dtype="str"),
+            "seconds": by.sum(axis=1).to_numpy(),
+            "steps": prefix.value_counts().reindex(by.index).to_numpy(dtype="int64"),
+            "dominant": pd.Series(by.idxmax(axis=1).to_numpy() if len(by) else [],
+                                  dtype="str"),
+        })
+        table.insert(2, "share", table["seconds"] / self.length if self.length > 0 else 0.0)
+        return table.sort_values("seconds", ascending=False, kind="stable").reset_index(
+            drop=True)
+
     def summary(self) -> str:
         """A few lines of text: length, steps and the breakdown."""
         lines = [f"Workflow critical path ({self.method}): {self.length:.3f} s "

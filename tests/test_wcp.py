@@ -220,3 +220,22 @@ def test_observed_walk_takes_the_last_arrival_at_every_step(dag):
         walked.append(state)
     assert path.states["state_id"].tolist() == walked[::-1]
     assert path.length == pytest.approx(times[walked[0]] - times[walked[-1]])
+
+
+def test_by_prefix_accounts_for_every_second_of_the_path():
+    b = PAGBuilder()
+    b.root(0.0)
+    for i in range(3):  # three loads queued for one thread, then a quick sum sent late
+        b.compute(f"load-{i}", W, 1, float(i), i + 1.0, 8, (), sent=0.0, runnable=0.0)
+    b.compute("total", W, 1, 3.2, 4.0, 8, ("load-0", "load-1", "load-2"), label="sum",
+              sent=3.1)
+    b.compute("late", W, 1, 5.0, 5.2, 8, ("total",), label="tail")
+    path = b.pag().wcp()
+    table = path.by_prefix()
+    assert table["prefix"].tolist() == ["load", "tail", "sum"]
+    assert table["seconds"].sum() == pytest.approx(path.length)
+    assert table["share"].sum() == pytest.approx(1.0)
+    assert table.set_index("prefix")["steps"].to_dict() == {"load": 3, "tail": 1, "sum": 1}
+    # The tail had no moments: its second before it is unexplained, more than its compute.
+    assert table.set_index("prefix")["dominant"].to_dict() == {
+        "load": "compute", "tail": "wait", "sum": "compute"}

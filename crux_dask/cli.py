@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from crux_dask.wcp import CriticalPath
+
+if TYPE_CHECKING:
+    from crux_dask.pag import PAG
 
 
 @click.group(name="crux", help="Workflow critical paths of Dask workflows.")
@@ -169,11 +173,58 @@ def report(path: str, run_id: str | None, html_file: str | None) -> None:
     path_ = pag.wcp(run_id=run_id)
     click.echo(f"Run {run_id}: {len(pag.store(run_id).state_time):,} data states\n")
     click.echo(format_path(path_))
+    click.echo(f"\n{format_suggestions(pag, run_id)}")
     if html_file:
         with open(html_file, "w") as f:
             f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>Crux run "
                     f"{run_id}</title></head><body>{path_._repr_html_()}</body></html>")
         click.echo(f"\nWrote {html_file}")
+
+
+def format_suggestions(pag: PAG, run_id: str) -> str:
+    """What-if suggestions for a run as text; a run that cannot be replayed says why."""
+    try:
+        table = pag.suggest(run_id=run_id)
+    except ValueError as error:
+        return f"No what-if suggestions: {error}"
+    table = table.assign(saved_share=(100 * table["saved_share"]).round(1))
+    return ("What if (predicted by replaying the run; most seconds saved first):\n"
+            + table.drop(columns="replay_error").rename(columns={"saved_share": "saved %"})
+            .to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + f"\n(an unchanged replay predicts the recorded run "
+              f"{table['replay_error'].iloc[0]:+.1%} off)")
+
+
+@main.command(help="Predict a changed run of an exported dataset by replaying it.")
+@click.argument("path", type=click.Path())
+@click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--workers", default=None, type=int, help="Workers (default: as recorded).")
+@click.option("--threads", default=None, type=int,
+              help="Threads per worker (default: as recorded).")
+@click.option("--speedup", multiple=True, metavar="PREFIX=K",
+              help="Make a task prefix K times faster; repeatable.")
+@click.option("--transfer-speedup", default=None, type=float,
+              help="Make transfers K times faster ('inf': free).")
+@click.option("--no-spill", is_flag=True, help="Remove the time spent spilling.")
+def whatif(path: str, run_id: str | None, workers: int | None, threads: int | None,
+           speedup: tuple[str, ...], transfer_speedup: float | None, no_spill: bool) -> None:
+    pag = _load(path, run_id)
+    try:
+        factors = {}
+        for item in speedup:
+            prefix, sep, factor = item.rpartition("=")
+            if not sep or not prefix:
+                raise ValueError(f"--speedup takes PREFIX=K, got {item!r}")
+            factors[prefix] = float(factor)
+        result = pag.what_if(workers=workers, threads=threads, speedup=factors or None,
+                             transfer_speedup=transfer_speedup, spill=not no_spill,
+                             run_id=run_id)
+    except ValueError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
+    click.echo(result.summary())
+    click.echo("Makespan: from the graph's arrival at the scheduler to the run's end.\n")
+    click.echo(format_path(result.path))
 
 
 @main.command(help="Compare runs side by side: makespan, critical path, variable steps.")

@@ -18,10 +18,12 @@ model that behaves like ``distributed``'s scheduler and workers:
 * **threads**: each worker runs its tasks on ``threads`` threads, each task
   for its recorded compute seconds (divided by its label's speedup);
 * **transfers**: an input held elsewhere is fetched, starting the measured
-  fetch lag after the task became ready, and takes latency + bytes /
+  fetch lag after the task reached its worker, and takes latency + bytes /
   bandwidth, both fitted to the recorded transfers between workers;
-* **scheduling gaps**: the medians measured in the run, per way a task was
-  released (see :class:`Gaps`);
+* **scheduling gaps**: the medians measured in the run: from a task's release
+  (its inputs computed, a queue slot freed, the graph's arrival) to its
+  arrival at its worker, and from its inputs there and a thread free to its
+  start (see :class:`Gaps`);
 * **spill**: the seconds a worker spent spilling after a task, or loading its
   input back from disk, are added to that task (dropped with ``spill=False``).
 
@@ -65,31 +67,35 @@ _DELETE = int(MutationKind.DELETE)
 
 @dataclass
 class Gaps:
-    """Seconds between what released a task and its start, medians of the run.
+    """Seconds between what released a task and its next step, medians of the run.
+
+    Where the run recorded when each worker received its tasks, the scheduler's
+    part (release to arrival at the worker) and the worker's part (inputs there
+    and a thread free to the start) are measured apart; without that moment,
+    the whole interval counts as the scheduler's part.
 
     Attributes
     ----------
     first : float
-        Graph root to the start of a task without inputs.
+        Graph root to a task without inputs reaching its worker.
     local : float
-        Last input computed on the same worker to the consumer's start (the
+        A task's last input computed to the task reaching its worker (the
         scheduler's round trip).
-    fetch : float
-        Last input computed to the start of fetching an input from elsewhere.
-    remote : float
-        A fetched input arriving to the consumer's start.
-    thread : float
-        A thread freed to the start of the next task waiting for it.
     slot : float
-        A queue slot freed to the start of the root task it released.
+        A queue slot freed to the root task it released reaching its worker.
+    fetch : float
+        A task reaching its worker to the start of fetching an input held
+        elsewhere.
+    dispatch : float
+        A task at its worker with its inputs there and a thread free, to its
+        start.
     """
 
     first: float = 0.0
     local: float = 0.0
-    fetch: float = 0.0
-    remote: float = 0.0
-    thread: float = 0.0
     slot: float = 0.0
+    fetch: float = 0.0
+    dispatch: float = 0.0
 
 
 @dataclass
@@ -123,7 +129,7 @@ class Run:
         Of transfers between workers: seconds, and bytes per second.
     outputs : numpy.ndarray
         Tasks whose results went to the client, with ``output_delay``: seconds
-        from each one's end to its arrival there.
+        from the last of them computed to each one's arrival there.
     output_delay : numpy.ndarray
     origin : float
         Time of the graph's root.
@@ -222,8 +228,6 @@ def extract(store: PAGStore, end: int) -> Run:
     deps_t = np.full(n, -np.inf)
     np.maximum.at(deps_t, consumer, readiness)
     fetched = made_by[src[into]] >= 0
-    remote_t = np.full(n, -np.inf)
-    np.maximum.at(remote_t, consumer[fetched], arrival[fetched])
     edges = np.unique(np.stack([consumer, producer])[:, producer >= 0], axis=1)
     dep_ptr = np.searchsorted(edges[0], np.arange(n + 1)).astype(np.int64)
 
@@ -251,8 +255,10 @@ def extract(store: PAGStore, end: int) -> Run:
 
     duration = time[order] - start[order]
     has_deps = np.diff(dep_ptr) > 0
-    gaps = _gaps(start[order], data_t, deps_t, remote_t, prev_t, slot_t, has_deps)
-    gaps.fetch = _fetch_lag(store, into, fetched, deps_t, consumer, transfers, made_by, src)
+    received = store.column("state_received", order)
+    received = np.where(np.isfinite(received), received, start[order])
+    gaps = _gaps(start[order], received, data_t, deps_t, prev_t, slot_t, has_deps, origin)
+    gaps.fetch = _fetch_lag(store, into, fetched, received, consumer, src)
     latency, bandwidth = _transfer_model(store, transfers, src, dst, busy, where)
     spill = _spill(store, transfers, src, dst, busy, where, order, task_of, worker_index,
                    workers_used, origin_state, into)
@@ -261,7 +267,9 @@ def extract(store: PAGStore, end: int) -> Run:
     out_task = task_of[origin_state[dst[to_client]]]
     keep = out_task >= 0
     outputs = out_task[keep]
-    output_delay = np.maximum(time[dst[to_client]][keep] - time[order][outputs], 0.0)
+    # The client gathers its results once they are all computed.
+    last = time[order][outputs].max() if len(outputs) else 0.0
+    output_delay = np.maximum(time[dst[to_client]][keep] - last, 0.0)
     makespan = float(time[end] - origin) if end >= 0 else 0.0
     if not makespan > 0:
         raise ValueError("the run has no timing: its end is not after its root")
@@ -277,32 +285,26 @@ def _median(values: np.ndarray) -> float:
     return float(np.median(np.maximum(values, 0.0))) if len(values) else 0.0
 
 
-def _gaps(start: np.ndarray, data_t: np.ndarray, deps_t: np.ndarray, remote_t: np.ndarray,
-          prev_t: np.ndarray, slot_t: np.ndarray, has_deps: np.ndarray) -> Gaps:
-    """Classify each task by what released it last, and take each class's median gap."""
-    released = np.maximum(np.maximum(data_t, prev_t), slot_t)
-    by_slot = np.isfinite(slot_t) & (slot_t >= released)
-    by_thread = ~by_slot & (prev_t > data_t)
-    by_data = ~by_slot & ~by_thread
-    by_remote = by_data & has_deps & (remote_t >= data_t)
-    by_local = by_data & has_deps & ~by_remote
-    first = by_data & ~has_deps
-    return Gaps(first=_median(start[first] - data_t[first]),
-                local=_median(start[by_local] - deps_t[by_local]),
-                remote=_median(start[by_remote] - remote_t[by_remote]),
-                thread=_median(start[by_thread] - prev_t[by_thread]),
-                slot=_median(start[by_slot] - slot_t[by_slot]))
+def _gaps(start: np.ndarray, received: np.ndarray, data_t: np.ndarray, deps_t: np.ndarray,
+          prev_t: np.ndarray, slot_t: np.ndarray, has_deps: np.ndarray, origin: float) -> Gaps:
+    """Each class of release's median gap (see :class:`Gaps`)."""
+    received = np.where(np.isfinite(received), received, start)
+    by_slot = np.isfinite(slot_t)
+    first = ~has_deps & ~by_slot
+    ready = np.maximum(np.maximum(received, data_t), prev_t)
+    return Gaps(first=_median(received[first] - origin),
+                local=_median(received[has_deps] - deps_t[has_deps]),
+                slot=_median(received[by_slot] - slot_t[by_slot]),
+                dispatch=_median(start - ready))
 
 
-def _fetch_lag(store: PAGStore, into: np.ndarray, fetched: np.ndarray, deps_t: np.ndarray,
-               consumer: np.ndarray, transfers: np.ndarray, made_by: np.ndarray,
-               src: np.ndarray) -> float:
-    """Median seconds from a consumer's inputs all computed to the start of its fetches."""
+def _fetch_lag(store: PAGStore, into: np.ndarray, fetched: np.ndarray, received: np.ndarray,
+               consumer: np.ndarray, src: np.ndarray) -> float:
+    """Median seconds from a task reaching its worker to the start of its fetches."""
     if not fetched.any():
         return 0.0
-    copy = src[into][fetched]
-    begun = store.column("state_start", copy)
-    return _median(begun - deps_t[consumer[fetched]])
+    begun = store.column("state_start", src[into][fetched])
+    return _median(begun - received[consumer[fetched]])
 
 
 def _transfer_model(store: PAGStore, transfers: np.ndarray, src: np.ndarray, dst: np.ndarray,
@@ -414,10 +416,9 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
 
     def begin(t: float, w: int) -> None:
         task = pop(ready_heap[w])
-        lane = free[w].pop()
-        th_of[task] = lane
-        t_start[task] = t
-        push(events, (t + dur[task], 0, task, w))
+        th_of[task] = free[w].pop()
+        t_start[task] = t + gaps.dispatch
+        push(events, (t_start[task] + dur[task], 0, task, w))
 
     def assign(task: int, w: int, t: float) -> None:
         """Send ``task`` to ``w`` at ``t`` (its inputs all computed by then)."""
@@ -428,19 +429,16 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         if lo == hi:
             when = t + (gaps.slot if t > 0 else gaps.first)
         else:
-            when = t + gaps.local
-            fetched = -1.0
+            when = arrived = t + gaps.local
             for d in deps[lo:hi]:
                 there = held.get(d * workers + w)
                 if there is None:
-                    began = t + gaps.fetch
+                    began = arrived + gaps.fetch
                     there = began + latency + size[d] * per_byte
                     held[d * workers + w] = there
                     moved.append((d, home[d], w, began, there))
-                if there > fetched:
-                    fetched = there
-            if fetched + gaps.remote > when and fetched > t:
-                when = fetched + gaps.remote
+                if there > when:
+                    when = there
         t_run[task] = when
         push(events, (when, 1, task, w))
 
@@ -481,7 +479,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         processing[w] -= 1
         occupancy[w] -= expected[task]
         if ready_heap[w]:
-            begin(t + gaps.thread, w)
+            begin(t, w)
         for user in users[user_ptr[task]:user_ptr[task + 1]]:
             waiting[user] -= 1
             if waiting[user] == 0:
@@ -494,7 +492,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     stop = np.asarray(t_stop)
     makespan = float(stop.max())
     if len(run.outputs):
-        makespan = max(makespan, float((stop[run.outputs] + run.output_delay).max()))
+        makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
     return Schedule(np.asarray(w_of), np.asarray(th_of), np.asarray(t_ready),
                     np.asarray(t_run), np.asarray(t_start), stop, moved, workers, makespan)
 
@@ -586,10 +584,11 @@ def predicted_pag(run: Run, schedule: Schedule):
             inputs, 0, labels[task], None, None, None, None, None,
             origin + schedule.ready[task], origin + schedule.runnable[task],
             origin + schedule.runnable[task])))
+    last = schedule.stop[run.outputs].max() if len(run.outputs) else 0.0
     for task, delay in zip(run.outputs.tolist(), run.output_delay.tolist()):
-        there = schedule.stop[task] + delay
+        there = last + delay
         events.append((there, 3, ("transfer", keys[task], f"memory@{names[schedule.worker[task]]}",
-                                  "client", origin + schedule.stop[task], origin + there,
+                                  "client", origin + min(last, there), origin + there,
                                   int(run.size[task]))))
     events.sort(key=lambda e: (e[0], e[1]))
     builder = PAGBuilder(run_id=f"{store.run_id}-what-if")

@@ -9,19 +9,21 @@ from bokeh.layouts import column, row
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import Component, Source
 from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
 
 
 def crux_layout(data: Source) -> tuple[list[Component], Any]:
-    """The four components, updated once, and the layout that shows them."""
+    """The components, updated once, and the layout that shows them."""
     timeline = WCPTimeline(data, sizing_mode="stretch_width")
     breakdown = Breakdown(data, width=420)
+    prefixes = PrefixTable(data, width=520)
     steps = StepsTable(data, sizing_mode="stretch_width")
     overview = PAGOverview(data, sizing_mode="stretch_width")
-    components = [timeline, breakdown, steps, overview]
+    components = [timeline, breakdown, prefixes, steps, overview]
     for component in components:
         component.update()
-    layout = column(row(breakdown.root, steps.root, sizing_mode="stretch_width"),
-                    timeline.root, overview.root, sizing_mode="stretch_width")
+    layout = column(row(breakdown.root, prefixes.root, sizing_mode="stretch_width"),
+                    steps.root, timeline.root, overview.root, sizing_mode="stretch_width")
     return components, layout

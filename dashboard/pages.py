@@ -29,6 +29,7 @@ from crux_dask.dashboard.data import (
 )
 from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
 from crux_dask.wcp import METHODS, critical_path
@@ -41,6 +42,7 @@ INDIVIDUAL = {
     "/individual-crux-timeline": WCPTimeline,
     "/individual-crux-breakdown": Breakdown,
     "/individual-crux-steps": StepsTable,
+    "/individual-crux-prefixes": PrefixTable,
     "/individual-crux-overview": PAGOverview,
 }
 UPDATE_INTERVAL = 500  # milliseconds

@@ -17,6 +17,7 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import live_source, static_source
 from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
@@ -49,7 +50,8 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
     await crux_dask.attach(c)
     await c.compute(diamond())
     for path in ["/crux", "/individual-crux-timeline", "/individual-crux-breakdown",
-                 "/individual-crux-steps", "/individual-crux-overview"]:
+                 "/individual-crux-steps", "/individual-crux-overview",
+                 "/individual-crux-prefixes"]:
         code, _ = await fetch(s, path)
         assert code == 200, path
     code, status = await fetch(s, "/status")
@@ -61,6 +63,7 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
     plots = json.loads(plots)
     assert plots["Individual Crux Timeline"] == "/individual-crux-timeline"
     assert plots["Individual Crux Overview"] == "/individual-crux-overview"
+    assert plots["Individual Crux Prefixes"] == "/individual-crux-prefixes"
     assert plots["Individual Task Stream"] == "/individual-task-stream"
     for route in plots.values():
         code, _ = await fetch(s, route)
@@ -144,7 +147,7 @@ def test_components_follow_the_dashboard_component_contract(caplog):
     for i in range(5):
         b.compute(f"t{i}-x", "w", 1, i, i + 1, 8, (), label=f"group{i}")
     data = static_source(b.pag())
-    for cls in (WCPTimeline, Breakdown, StepsTable, PAGOverview):
+    for cls in (WCPTimeline, Breakdown, StepsTable, PAGOverview, PrefixTable):
         component = cls(data)
         assert isinstance(component, DashboardComponent)
         assert isinstance(component.source, ColumnDataSource)
@@ -404,9 +407,12 @@ def test_a_thread_handoff_is_a_link_between_two_bars_and_a_row_that_says_so():
         b.compute(f"t{i}", w, 1, float(i), i + 1.0, 8, (), sent=0.0, received=0.0,
                   runnable=0.0)
     data = static_source(b.pag())
-    timeline, steps, breakdown = WCPTimeline(data), StepsTable(data), Breakdown(data)
-    for component in (timeline, steps, breakdown):
+    timeline, steps, breakdown, prefixes = (WCPTimeline(data), StepsTable(data),
+                                            Breakdown(data), PrefixTable(data))
+    for component in (timeline, steps, breakdown, prefixes):
         component.update()
+    assert prefixes.source.data["prefix"] == ["t0", "t1", "t2"]  # the keys' own prefixes
+    assert prefixes.source.data["seconds"] == pytest.approx([1.0, 1.0, 1.0])
     assert steps.source.data["via"] == ["data", "thread", "thread"]
     links = timeline.links.data
     assert links["via"] == ["thread", "thread"]

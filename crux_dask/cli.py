@@ -48,24 +48,39 @@ def _short_location(location: str) -> str:
 @click.option("--workers", default=2, show_default=True, help="Worker processes.")
 @click.option("--slow", default=1.0, show_default=True,
               help="Seconds the slowest partition takes to load.")
-def demo(workers: int, slow: float) -> None:
+@click.option("--report", "report_file", default="crux-report.html", show_default=True,
+              help="Where to write the standalone HTML report of the run.")
+@click.option("--serve", is_flag=True,
+              help="Keep the cluster and its dashboard up until Ctrl-C.")
+def demo(workers: int, slow: float, report_file: str, serve: bool) -> None:
     import dask
     from distributed import Client, LocalCluster
 
     import crux_dask
+    from crux_dask.dashboard.report import report_html
 
     with LocalCluster(n_workers=workers, threads_per_worker=2, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
-        click.echo(f"Dashboard: {client.dashboard_link}")
         started = time.time()
         result = dask.compute(etl_workflow(slow))[0]
         elapsed = time.time() - started
-        path = crux_dask.get_wcp(client)
-        stats = crux_dask.get_stats(client)
-    click.echo(f"Workflow result: {result:,.1f} in {elapsed:.2f} s "
-               f"({stats['states']:,} data states, {stats['mutations']:,} mutations)\n")
-    click.echo(format_path(path))
+        pag = crux_dask.get_pag(client)
+        path = pag.wcp()
+        click.echo(f"Workflow result: {result:,.1f} in {elapsed:.2f} s "
+                   f"({len(pag):,} data states, {len(pag.mutations):,} mutations)\n")
+        click.echo(format_path(path))
+        with open(report_file, "w") as f:
+            f.write(report_html(pag))
+        click.echo(f"\nReport: {report_file}")
+        if serve:
+            click.echo(f"Dashboard: {client.dashboard_link.replace('/status', '/crux')} "
+                       "(Ctrl-C to stop)")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                click.echo("Stopping the cluster.")
 
 
 def etl_workflow(slow: float):

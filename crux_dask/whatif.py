@@ -161,6 +161,12 @@ class Run:
         return len(self.state)
 
     @cached_property
+    def replay(self) -> Schedule:
+        """The unchanged replay (computed once)."""
+        return simulate(self, len(self.workers), self.threads, self.duration + self.spill,
+                        self.gaps, self.latency, self.bandwidth)
+
+    @cached_property
     def label_names(self) -> np.ndarray:
         """The label of each task, as strings."""
         return np.asarray(self.store.labels.values, dtype=object)[self.label]
@@ -403,6 +409,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     ready_heap: list[list[int]] = [[] for _ in range(workers)]
     queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
     held: dict[int, float] = {}  # task * workers + worker -> when its data is there
+    holders: list[list[int]] = [[] for _ in range(n)]  # the workers each result is at
     home = [0] * n
     w_of = [0] * n
     th_of = [0] * n
@@ -436,6 +443,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
                     began = arrived + gaps.fetch
                     there = began + latency + size[d] * per_byte
                     held[d * workers + w] = there
+                    holders[d].append(w)
                     moved.append((d, home[d], w, began, there))
                 if there > when:
                     when = there
@@ -455,7 +463,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         if lo == hi:
             w = min(range(workers), key=lambda w: (occupancy[w], processing[w], w))
         else:
-            candidates = {w for d in deps[lo:hi] for w in _holders(held, d, workers)}
+            candidates = {w for d in deps[lo:hi] for w in holders[d]}
             w = min(candidates, key=lambda w: (
                 occupancy[w] / threads + per_byte * sum(
                     size[d] for d in deps[lo:hi] if d * workers + w not in held),
@@ -475,6 +483,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         t_stop[task] = t
         home[task] = w
         held[task * workers + w] = t
+        holders[task].append(w)
         free[w].append(th_of[task])
         processing[w] -= 1
         occupancy[w] -= expected[task]
@@ -495,10 +504,6 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
     return Schedule(np.asarray(w_of), np.asarray(th_of), np.asarray(t_ready),
                     np.asarray(t_run), np.asarray(t_start), stop, moved, workers, makespan)
-
-
-def _holders(held: dict[int, float], task: int, workers: int) -> list[int]:
-    return [w for w in range(workers) if task * workers + w in held]
 
 
 def _rootish(run: Run, total_threads: int) -> np.ndarray:
@@ -631,8 +636,7 @@ def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int 
         changes["transfer_speedup"] = transfer_speedup
     if not spill:
         changes["spill"] = False
-    base = simulate(run, len(run.workers), run.threads, run.duration + run.spill, run.gaps,
-                    run.latency, run.bandwidth)
+    base = run.replay
     if not changes:
         schedule = base
     else:

@@ -39,8 +39,8 @@ def main() -> None:
         result = what_if(store, end, run=run, **change)
         spent = time.perf_counter() - t0
         print(f"replay {change or 'unchanged'}: {spent:.2f} s (the unchanged replay is "
-              f"computed once and kept); predicted {result.makespan:.3f} s, recorded {result.recorded:.3f} s, "
-              f"replay error {result.replay_error:+.1%}")
+              f"computed once and kept); predicted {result.makespan:.3f} s, recorded "
+              f"{result.recorded:.3f} s, replay error {result.replay_error:+.1%}")
     print("The synthetic run is not a schedule Dask made (its events are serial in time),"
           " so only the seconds matter here, not the replay error.")
     print("target: a replay of 1M states in seconds")

@@ -108,7 +108,7 @@ class Case:
 
 
 CASES = [
-    Case("dask.array matmul", array_workload, (1, 1), {"workers": 2}, (2, 1), {}),
+    Case("dask.array x + x.T", array_workload, (1, 1), {"workers": 2}, (2, 1), {}),
     Case("dask.dataframe groupby", dataframe_workload, (1, 1), {"workers": 2}, (2, 1), {}),
     Case("dask.bag map-fold", bag_workload, (1, 1), {"threads": 2}, (1, 2), {}),
     Case("delayed, slow transform", delayed_workload, (2, 1),

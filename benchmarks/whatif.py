@@ -18,7 +18,8 @@ import time
 
 from core_scale import build
 
-from crux_dask.whatif import extract, what_if
+from crux_dask.recording import extract
+from crux_dask.whatif import what_if
 
 
 def main() -> None:

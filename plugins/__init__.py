@@ -48,9 +48,15 @@ async def dask_setup(server: Any) -> None:
     from distributed import Scheduler, Worker
 
     if isinstance(server, Scheduler):
+        from distributed.protocol.pickle import dumps
+
         from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+        from crux_dask.plugins.worker import CruxWorkerPlugin
 
         server.add_plugin(CruxSchedulerPlugin())
+        # Registered with the scheduler like any worker plugin, so that its list of
+        # worker plugins is what its workers hold (a preloaded worker adds the same one).
+        server.worker_plugins.setdefault(CruxWorkerPlugin.name, dumps(CruxWorkerPlugin()))
     elif isinstance(server, Worker):
         from crux_dask.plugins.worker import CruxWorkerPlugin
 

@@ -1,10 +1,14 @@
 # Two entry points: `make demo` runs a workflow on a LocalCluster with Crux attached and
 # prints its workflow critical path; `make test` runs the test suite.  Both create .venv.
+# `make compat` runs distributed's own test modules without and with Crux preloaded;
+# `make overhead` compares the CPU cost of Crux with Dask's task stream.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# A checkout of distributed's test suite for the installed version (see benchmarks/compat.py).
+DISTRIBUTED_TESTS ?= ../shared/distributed-tests
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench compat overhead clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +27,12 @@ lint: $(BIN)/activate
 
 bench: $(BIN)/activate
 	$(BIN)/python benchmarks/core_scale.py
+
+compat: $(BIN)/activate
+	$(BIN)/python benchmarks/compat.py --tests-from $(DISTRIBUTED_TESTS)
+
+overhead: $(BIN)/activate
+	$(BIN)/python benchmarks/overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

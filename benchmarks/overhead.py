@@ -1,108 +1,393 @@
-"""What recording costs a running workflow.
+"""What watching costs: CPU seconds of the scheduler and the workers, with and without Crux.
 
-Two graphs on a LocalCluster of 2 worker processes (1 thread each): 20,000 tiny
-tasks, and 2,000 tasks of about 10 ms.  Each repetition runs, in rotating
-order, a fresh cluster with nothing attached, with Crux attached, and with
-Dask's own ``TaskStreamPlugin``; the median makespans are compared side by
-side, measured in this run.
+Three configurations side by side: nothing attached (``none``), Dask's own
+``TaskStreamPlugin`` on the scheduler (``task-stream``, what the dashboard's
+task stream costs), and Crux preloaded on the scheduler and every worker
+through dask's configuration (``crux``).  Each round starts, for each
+configuration in rotating order, a scheduler and two worker processes of one
+thread each (``dask scheduler`` and ``dask worker --no-nanny`` subprocesses,
+so that this process -- the client -- is measured in none of them), warms
+them up, and runs three workloads:
 
-Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--busy N]``
+``tiny``
+    about 18,000 tiny tasks in three layers, each task of the upper layers
+    reading two of the layer below (so that about half its inputs travel
+    between the workers), then a tree sum;
+``shuffle``
+    a P2P shuffle of a dask.dataframe (``shuffle_method="p2p"``);
+``array``
+    a dask.array sum of a random array and its transpose (every block of the
+    transpose comes from another block, often on the other worker), and a
+    reduction of it.
+
+For each workload it records the wall time and the CPU seconds (user +
+system, from :func:`psutil.Process.cpu_times`) the scheduler process and the
+worker processes spent from just before it was submitted until the cluster
+was idle again with every event Crux recorded applied (the other
+configurations make the same round trips).  It prints the medians over the
+rounds and their ratios to ``none``, the same ratios for the least CPU any
+round took (what a configuration costs at least: CPU time grows when other
+processes share the cores), and the ratio of each round to the ``none`` run of
+the same round.
+
+Target: Crux costs at most +2 % of the scheduler's CPU and +2 % of the
+workers' CPU over ``none``.
+
+Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
+[--rows N] [--array N] [--workloads W ...] [--json FILE]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import operator
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from distributed import Client, LocalCluster
+import psutil
+from distributed import Client
 
-import crux_dask
+CONFIGS = ("none", "task-stream", "crux")
+WORKLOADS = ("tiny", "shuffle", "array")
+TARGET = 1.02
 
-VARIANTS = ("none", "crux", "task-stream")
-
-
-def tiny(x: int) -> int:
-    return x + 1
-
-
-def busy(x: int) -> int:
-    end = time.perf_counter() + 0.010
-    while time.perf_counter() < end:
-        pass
-    return x + 1
-
-
-def total(values: list[int]) -> int:
-    return sum(values)
+#: The configuration that preloads Crux on the scheduler and every worker.
+PRELOAD = {
+    "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": '["crux_dask.plugins"]',
+    "DASK_DISTRIBUTED__WORKER__PRELOAD": '["crux_dask.plugins"]',
+}
 
 
-def add_task_stream(dask_scheduler) -> None:
+# -- workloads --------------------------------------------------------------------
+def tiny_graph(n: int) -> tuple[dict, Any]:
+    """About ``n`` tiny tasks: three layers of ``n // 3`` and a tree sum of the last.
+
+    Tasks of the second and third layers add two tasks of the layer below, one
+    of them far away in the layer, so that many inputs travel between workers.
+    Only builtins and ``operator`` functions: nothing is pickled by value.
+    """
+    width = max(n // 3, 2)
+    dsk: dict[Any, Any] = {}
+    for i in range(width):
+        dsk[("a", i)] = (operator.neg, i)
+    for i in range(width):
+        dsk[("b", i)] = (operator.add, ("a", i), ("a", (i + 1) % width))
+    for i in range(width):
+        dsk[("c", i)] = (operator.add, ("b", i), ("b", (i + width // 2) % width))
+    level, keys = 0, [("c", i) for i in range(width)]
+    while len(keys) > 1:
+        parents = []
+        for j in range(0, len(keys), 50):
+            key = ("s", level, j)
+            dsk[key] = (sum, keys[j:j + 50])
+            parents.append(key)
+        level, keys = level + 1, parents
+    return dsk, keys[0]
+
+
+def run_tiny(client: Client, n: int) -> None:
+    dsk, key = tiny_graph(n)
+    client.get(dsk, key)
+
+
+def make_partition(i: int, rows: int) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(i)
+    return pd.DataFrame({"k": rng.integers(0, 1_000_000, rows), "v": rng.random(rows)})
+
+
+def partition_digest(df: Any) -> Any:
+    import pandas as pd
+
+    # Depends on which rows landed in which partition: the shuffle cannot be skipped.
+    return pd.Series([int(df["k"].min()) if len(df) else 0])
+
+
+def run_shuffle(client: Client, partitions: int, rows: int) -> None:
+    import dask.dataframe as dd
+
+    df = dd.from_map(make_partition, range(partitions), rows=rows)
+    shuffled = df.shuffle("k", shuffle_method="p2p", npartitions=partitions)
+    client.compute(shuffled.map_partitions(partition_digest, meta=(None, "int64")).sum(),
+                   sync=True)
+
+
+def run_array(client: Client, size: int) -> None:
+    import dask.array as da
+
+    x = da.random.default_rng(0).random((size, size), chunks=size // 20)
+    y = x + x.T
+    client.compute((y - y.mean(axis=0)).std(), sync=True)
+
+
+# -- clusters -----------------------------------------------------------------------
+def add_task_stream(dask_scheduler: Any) -> None:
     from distributed.diagnostics.task_stream import TaskStreamPlugin
 
     dask_scheduler.add_plugin(TaskStreamPlugin(dask_scheduler))
 
 
-#: The scheduler's own accounting of Crux's work, per run with Crux attached.
-SCHEDULER_COST: list[tuple[int, float]] = []
+def has_crux(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    return "crux" in server.plugins
 
 
-def makespan(variant: str, func, n: int) -> float:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        if variant == "crux":
-            crux_dask.attach(client)
-        elif variant == "task-stream":
-            client.run_on_scheduler(add_task_stream)
-        client.submit(tiny, 0).result()  # warm up the workers
-        started = time.perf_counter()
-        parts = client.map(func, range(n), pure=False)
-        client.submit(total, parts).result()
-        elapsed = time.perf_counter() - started
-        if variant == "crux":
-            stats = crux_dask.get_stats(client)
-            if stats["events_failed"] or stats["hook_errors"]:
-                raise RuntimeError(f"Crux reported errors: {stats}")
+def idle(dask_scheduler: Any) -> bool:
+    return not dask_scheduler.tasks
+
+
+def noop() -> None:
+    return None
+
+
+class Cluster:
+    """A scheduler and worker processes started as subprocesses, so each can be measured.
+
+    Parameters
+    ----------
+    config : str
+        One of :data:`CONFIGS`.
+    workdir : Path
+        Where the scheduler file and the workers' local directories go.
+    n_workers : int
+        Worker processes, of one thread each.
+    """
+
+    def __init__(self, config: str, workdir: Path, n_workers: int = 2) -> None:
+        self.config = config
+        env = {k: v for k, v in os.environ.items() if k not in PRELOAD}
+        if config == "crux":
+            env.update(PRELOAD)
+        env["PYTHONWARNINGS"] = "ignore"
+        # One thread per worker process, numpy's included (a nanny would set these).
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        scheduler_file = workdir / f"scheduler-{config}-{time.time_ns()}.json"
+        python = sys.executable
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.scheduler = subprocess.Popen(
+            [python, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", "0", "--dashboard-address", ":0", "--scheduler-file",
+             str(scheduler_file)], env=env, **quiet)
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            if time.monotonic() > deadline or self.scheduler.poll() is not None:
+                self.close()
+                raise RuntimeError("the scheduler did not start")
+            time.sleep(0.05)
+        self.workers = [subprocess.Popen(
+            [python, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+             str(scheduler_file), "--nthreads", "1", "--no-nanny", "--name", f"w{i}",
+             "--local-directory", str(workdir / f"w{i}"), "--dashboard-address", ":0"],
+            env=env, **quiet) for i in range(n_workers)]
+        self.client = Client(scheduler_file=str(scheduler_file))
+        self.client.wait_for_workers(n_workers, timeout=60)
+        if config == "task-stream":
+            self.client.run_on_scheduler(add_task_stream)
+        crux = [self.client.run_on_scheduler(has_crux),
+                *self.client.run(has_crux).values()]
+        if any(crux) != (config == "crux") or (config == "crux" and not all(crux)):
+            self.close()
+            raise RuntimeError(f"Crux on the scheduler and workers: {crux} in {config!r}")
+        pid = self.client.run_on_scheduler(os.getpid)
+        worker_pids = sorted(self.client.run(os.getpid).values())
+        if pid != self.scheduler.pid or worker_pids != sorted(w.pid for w in self.workers):
+            self.close()
+            raise RuntimeError("the processes measured are not the cluster's")
+        self.scheduler_process = psutil.Process(pid)
+        self.worker_processes = [psutil.Process(p) for p in worker_pids]
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds (user + system) so far: the scheduler's, and all workers' together."""
+        def seconds(process: psutil.Process) -> float:
+            times = process.cpu_times()
+            return times.user + times.system
+
+        return (seconds(self.scheduler_process),
+                sum(seconds(p) for p in self.worker_processes))
+
+    def settle(self) -> None:
+        """Wait until the scheduler holds no task and every event Crux recorded is applied.
+
+        The configurations without Crux make the same round trips to the
+        workers and the scheduler.
+        """
+        client = self.client
+        deadline = time.monotonic() + 60
+        while not client.run_on_scheduler(idle):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the scheduler still holds tasks")
+            time.sleep(0.02)
+        if self.config == "crux":
+            import crux_dask
+
             crux_dask.flush(client)
-            stats = crux_dask.get_stats(client)
-            SCHEDULER_COST.append((stats["events_received"],
-                                   stats["seconds_receiving"] + stats["seconds_applying"]))
-    return elapsed
+        else:
+            client.run(noop)
+            client.run_on_scheduler(noop)
+
+    def measure(self, work: Callable[[Client], None]) -> dict[str, float]:
+        """Wall time and CPU seconds of the scheduler and of the workers for ``work``."""
+        self.settle()
+        scheduler_before, workers_before = self.cpu()
+        started = time.perf_counter()
+        work(self.client)
+        wall = time.perf_counter() - started
+        self.settle()
+        scheduler_after, workers_after = self.cpu()
+        return {"wall": wall, "scheduler": scheduler_after - scheduler_before,
+                "workers": workers_after - workers_before}
+
+    def crux_stats(self) -> dict[str, Any]:
+        import crux_dask
+
+        return crux_dask.get_stats(self.client)
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+        for process in [*getattr(self, "workers", []), self.scheduler]:
+            process.terminate()
+        for process in [*getattr(self, "workers", []), self.scheduler]:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
-def compare(name: str, func, n: int, repeats: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    SCHEDULER_COST.clear()
-    for i in range(repeats):
-        order = VARIANTS[i % 3:] + VARIANTS[: i % 3]
-        for variant in order:
-            times[variant].append(makespan(variant, func, n))
-    medians = {v: statistics.median(t) for v, t in times.items()}
-    base = medians["none"]
-    crux_cost = medians["crux"] - base
-    stream_cost = medians["task-stream"] - base
-    print(f"{name}: median makespan none {base:.2f} s, crux {medians['crux']:.2f} s, "
-          f"task-stream {medians['task-stream']:.2f} s ({repeats} runs each)")
-    print(f"  crux / none = {medians['crux'] / base:.3f}   "
-          f"task-stream / none = {medians['task-stream'] / base:.3f}   "
-          f"crux cost / task-stream cost = "
-          f"{crux_cost / stream_cost if stream_cost > 0 else float('nan'):.2f}")
-    events = sum(e for e, _ in SCHEDULER_COST)
-    seconds = sum(s for _, s in SCHEDULER_COST)
-    print(f"  scheduler time on Crux: {seconds / events * 1e6:.2f} us per event received "
-          f"({events / seconds:,.0f} events per second of it; {events // repeats:,} events "
-          "a run)")
-    return medians
+# -- the comparison ----------------------------------------------------------------
+def workloads(args: argparse.Namespace) -> dict[str, tuple[str, Callable, Callable]]:
+    """Each workload: its description, the full run and a small warm-up run."""
+    table = {
+        "tiny": (f"{len(tiny_graph(args.tiny)[0]):,} tiny tasks",
+                 lambda c: run_tiny(c, args.tiny), lambda c: run_tiny(c, 300)),
+        "shuffle": (f"P2P shuffle of {args.partitions} x {args.rows:,} rows",
+                    lambda c: run_shuffle(c, args.partitions, args.rows),
+                    lambda c: run_shuffle(c, 4, 1000)),
+        "array": (f"array {args.array} x {args.array} in 20 x 20 chunks: x + x.T, std",
+                  lambda c: run_array(c, args.array), lambda c: run_array(c, 200)),
+    }
+    return {name: table[name] for name in args.workloads}
 
 
-def main() -> None:
+def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """Every measurement: ``results[workload][config]`` is one dict per round."""
+    chosen = workloads(args)
+    results: dict[str, dict[str, list]] = {w: {c: [] for c in CONFIGS} for w in chosen}
+    events: dict[str, list[int]] = {w: [] for w in chosen}
+    with tempfile.TemporaryDirectory(prefix="crux-overhead-") as scratch:
+        for round_ in range(args.repeats):
+            order = CONFIGS[round_ % 3:] + CONFIGS[:round_ % 3]
+            for config in order:
+                cluster = Cluster(config, Path(scratch))
+                try:
+                    for _, _, warm in chosen.values():
+                        warm(cluster.client)
+                    for name, (_, work, _) in chosen.items():
+                        before = cluster.crux_stats() if config == "crux" else None
+                        result = cluster.measure(work)
+                        results[name][config].append(result)
+                        if before is not None:
+                            after = cluster.crux_stats()
+                            check_crux(after)
+                            events[name].append(after["events_received"]
+                                                - before["events_received"])
+                        print(f"  round {round_ + 1} {config:<11} {name:<8} "
+                              f"wall {result['wall']:6.2f} s  scheduler CPU "
+                              f"{result['scheduler']:6.2f} s  workers CPU "
+                              f"{result['workers']:6.2f} s", file=sys.stderr, flush=True)
+                finally:
+                    cluster.close()
+    for name in chosen:
+        results[name]["events"] = events[name]  # type: ignore[assignment]
+    return results
+
+
+def check_crux(stats: dict[str, Any]) -> None:
+    """Raise if Crux reported a failure on the scheduler or a worker."""
+    problems = {k: stats.get(k) for k in ("events_failed", "hook_errors") if stats.get(k)}
+    for worker, counts in stats.get("workers", {}).items():
+        for k in ("hook_errors", "send_failures", "events_dropped"):
+            if counts.get(k):
+                problems[f"{worker} {k}"] = counts[k]
+    if problems:
+        raise RuntimeError(f"Crux reported problems: {problems}")
+
+
+def report(args: argparse.Namespace, results: dict) -> None:
+    """Medians per workload and configuration, and their ratios to ``none``."""
+    chosen = workloads(args)
+    print(f"{args.repeats} rounds; 2 worker processes x 1 thread; scheduler and workers "
+          "in their own processes; CPU = user + system seconds")
+    for name, (title, _, _) in chosen.items():
+        print()
+        events = results[name]["events"]
+        print(f"{name}: {title}" + (f"  (crux: {statistics.median(events):,.0f} events "
+                                    "from the workers' and the scheduler's hooks)"
+                                    if events else ""))
+        print(f"  {'config':<12} {'wall s':>8} {'sched CPU s':>12} {'workers CPU s':>14} "
+              f"{'wall/none':>10} {'sched/none':>11} {'workers/none':>13}")
+        medians = {c: {m: statistics.median(r[m] for r in results[name][c])
+                       for m in ("wall", "scheduler", "workers")}
+                   for c in CONFIGS if results[name][c]}
+        base = medians["none"]
+        for config, m in medians.items():
+            print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
+                  f"{m['workers']:>14.2f} {m['wall'] / base['wall']:>10.3f} "
+                  f"{m['scheduler'] / base['scheduler']:>11.3f} "
+                  f"{m['workers'] / base['workers']:>13.3f}")
+        minima = {c: {m: min(r[m] for r in results[name][c]) for m in ("scheduler", "workers")}
+                  for c in CONFIGS if results[name][c]}
+        low = minima["none"]
+        print("  least CPU of any round, / none: " + "; ".join(
+            f"{c} scheduler {m['scheduler'] / low['scheduler']:.3f} workers "
+            f"{m['workers'] / low['workers']:.3f}" for c, m in minima.items() if c != "none"))
+        rounds = {c: [(r["scheduler"] / b["scheduler"], r["workers"] / b["workers"])
+                      for r, b in zip(results[name][c], results[name]["none"], strict=True)]
+                  for c in CONFIGS if c != "none" and results[name][c]}
+        for config, ratios in rounds.items():
+            print(f"  {config} / none, each round: scheduler "
+                  + " ".join(f"{a:.3f}" for a, _ in ratios) + "; workers "
+                  + " ".join(f"{b:.3f}" for _, b in ratios))
+        if "crux" in medians:
+            crux = medians["crux"]
+            ok = (crux["scheduler"] <= TARGET * base["scheduler"]
+                  and crux["workers"] <= TARGET * base["workers"])
+            print(f"  target crux <= +{(TARGET - 1) * 100:.0f} % scheduler and workers CPU "
+                  f"over none: {'met' if ok else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tiny", type=int, default=20_000)
-    parser.add_argument("--busy", type=int, default=2_000)
-    args = parser.parse_args()
-    compare(f"{args.tiny:,} tiny tasks", tiny, args.tiny, args.repeats)
-    compare(f"{args.busy:,} tasks of 10 ms", busy, args.busy, args.repeats)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds (default: %(default)s)")
+    parser.add_argument("--tiny", type=int, default=18_000,
+                        help="tasks of the tiny workload (default: %(default)s)")
+    parser.add_argument("--partitions", type=int, default=40,
+                        help="partitions of the shuffle (default: %(default)s)")
+    parser.add_argument("--rows", type=int, default=250_000,
+                        help="rows per partition of the shuffle (default: %(default)s)")
+    parser.add_argument("--array", type=int, default=4000,
+                        help="side of the square array, in 20 x 20 chunks "
+                             "(default: %(default)s)")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--json", type=Path, help="also write every measurement here")
+    args = parser.parse_args(argv)
+    results = run(args)
+    report(args, results)
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "results": results}, indent=1))
 
 
 if __name__ == "__main__":

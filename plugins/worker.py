@@ -6,12 +6,19 @@ to it, spill to disk and load back, and data released.  Hooks append one tuple
 to a buffer; a periodic callback packs the buffer with msgpack and sends it to
 the scheduler's ``crux_events`` handler, one round trip per batch, one batch
 in flight at a time.
+
+The plugin is a guest: it replaces none of the worker's handlers (data a
+client gathered is read from the worker's own log of outgoing transfers), and
+its teardown never waits on a scheduler that is gone -- what it could not
+send stays in its buffer and is counted (``events_unsent``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from itertools import islice
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +38,8 @@ logger = logging.getLogger(__name__)
 #: How many of the newest entries of the worker's transfer log to search for a
 #: finished fetch (the log is a capped deque and is only ever read, never diffed).
 _LOG_LOOKBACK = 16
+#: The default bound of the teardown's last send, in seconds.
+TEARDOWN_TIMEOUT = 0.5
 
 
 class CruxWorkerPlugin(WorkerPlugin):
@@ -45,6 +54,19 @@ class CruxWorkerPlugin(WorkerPlugin):
     max_buffered_events : int, optional
         Events kept while the scheduler cannot take them
         (``crux-dask.max-buffered-events``).
+    teardown_timeout : float, optional
+        The longest the teardown waits to send what is buffered to a scheduler
+        that is still there (``TEARDOWN_TIMEOUT``).  To a scheduler that is
+        gone it sends nothing.
+
+    Notes
+    -----
+    Data gathered by a client (directly, or through the scheduler) is read
+    from the worker's ``transfer_outgoing_log``, on each flush and before each
+    release, rather than by wrapping the ``get_data`` handler.  The log must be
+    enabled (``distributed.admin.low-level-log-length`` not 0); if it drops
+    entries before they are read (more than its length between two flushes),
+    ``transfer_log_overruns`` counts it.
     """
 
     name = PLUGIN_NAME
@@ -52,12 +74,16 @@ class CruxWorkerPlugin(WorkerPlugin):
 
     def __init__(self, flush_interval: str | float | None = None,
                  batch_size: int | None = None,
-                 max_buffered_events: int | None = None) -> None:
+                 max_buffered_events: int | None = None,
+                 teardown_timeout: float = TEARDOWN_TIMEOUT) -> None:
         self.flush_interval = config.seconds("flush-interval", flush_interval)
         self.batch_size = config.positive_int("batch-size", batch_size)
         self.max_buffered_events = config.positive_int("max-buffered-events",
                                                        max_buffered_events)
         self.capture = dict(config.get("capture"))
+        if not teardown_timeout >= 0:
+            raise ValueError(f"teardown_timeout must be >= 0, got {teardown_timeout!r}")
+        self.teardown_timeout = float(teardown_timeout)
 
     # -- lifecycle ----------------------------------------------------------
     async def setup(self, worker: Worker) -> None:
@@ -67,29 +93,59 @@ class CruxWorkerPlugin(WorkerPlugin):
         self.buffer: list[tuple] = []
         self.seq = 0
         self.counts = dict.fromkeys(
-            ["events_recorded", "events_sent", "events_dropped", "batches_sent",
-             "batches_rejected", "send_failures", "hook_errors"], 0)
+            ["events_recorded", "events_sent", "events_dropped", "events_unsent",
+             "batches_sent", "batches_rejected", "send_failures", "hook_errors",
+             "transfer_log_overruns"], 0)
+        # The capture switches, read once: the hooks test them on every call.
+        self._transfers = bool(self.capture.get("transfers", True))
+        self._deletes = bool(self.capture.get("deletes", True))
         self._flight_start: dict[Any, tuple[str | None, float]] = {}
         self._requested: dict[Any, float] = {}  # key -> when this worker asked for it
         self._on_disk: set[Any] = set()
         self._sending: asyncio.Future | None = None
         self._spill_hooks: list[tuple[list, Any]] = []
-        self._original_get_data = None
+        # The newest entry of the outgoing transfer log already read: entries
+        # from before the plugin was set up are not this run's.
+        log = worker.transfer_outgoing_log
+        self._outgoing_seen: dict | None = log[-1] if log else None
+        if self._transfers and log.maxlen == 0:
+            logger.warning("Crux cannot see data gathered by clients: the worker's transfer "
+                           "log is disabled (distributed.admin.low-level-log-length: 0)")
         if self.capture.get("spill", True):
             self._hook_spill(worker.data)
-        if self.capture.get("transfers", True):
-            self._hook_get_data(worker)
         self._callback = PeriodicCallback(self._flush_soon, self.flush_interval * 1000)
         self._callback.start()
 
     async def teardown(self, worker: Worker) -> None:
+        """Stop recording; send what is buffered if the scheduler is still there.
+
+        Never waits on a scheduler that is gone, and at most
+        ``teardown_timeout`` seconds on one that does not answer: what could
+        not be sent stays in :attr:`buffer`, counted as ``events_unsent``.
+        """
         self._callback.stop()
         for callbacks, hook in self._spill_hooks:
             if hook in callbacks:
                 callbacks.remove(hook)
-        if self._original_get_data is not None:
-            worker.handlers["get_data"] = self._original_get_data
-        await self.flush()
+        if self._transfers:
+            self._poll_gathers()
+        if self.buffer and self._scheduler_connected():
+            with contextlib.suppress(TimeoutError):  # what is left is counted below
+                await asyncio.wait_for(self.flush(), self.teardown_timeout)
+        sending = self._sending
+        if sending is not None:  # a send the scheduler did not answer: stop waiting
+            sending.cancel()
+            await asyncio.wait([sending])
+        self.counts["events_unsent"] = len(self.buffer)
+        if self.buffer:
+            logger.info("Crux: %d events recorded on %s could not be sent to the scheduler "
+                        "(counted as events_unsent)", len(self.buffer), worker.address)
+
+    def _scheduler_connected(self) -> bool:
+        """Whether the worker's stream to the scheduler is open (no waiting involved)."""
+        stream = getattr(self.worker, "batched_stream", None)
+        comm = getattr(stream, "comm", None)
+        return comm is not None and not comm.closed()
 
     # -- hooks ----------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
@@ -99,20 +155,23 @@ class CruxWorkerPlugin(WorkerPlugin):
             if finish == "memory":
                 if start == "flight":
                     self._fetched(key)
-                elif start == "released" and self.capture.get("transfers", True):
+                elif start == "released" and self._transfers:
                     now = self._now()
                     self._record(("transfer", key_string(key), CLIENT, self.memory, now, now,
                                   self._nbytes(key)))
             elif start == "memory":
-                if finish == "released" and self.capture.get("deletes", True):
+                if finish == "released" and self._deletes:
                     self._released(key)
             elif finish == "ready":  # all inputs here: runnable from now on
-                moments = self.worker.state.tasks[key].metadata.get(MOMENTS)
+                metadata = self.worker.state.tasks[key].metadata
+                moments = metadata.get(MOMENTS)
                 if moments is not None:
-                    moments[1] = self._now()
+                    metadata[MOMENTS] = (moments[0], self._now())
             elif start == "released":
                 if finish == "waiting":  # the task reached this worker
-                    self.worker.state.tasks[key].metadata[MOMENTS] = [self._now(), None]
+                    # A tuple, as the scheduler's copy of the metadata will hold it
+                    # (msgpack gives tuples back): both copies stay equal.
+                    self.worker.state.tasks[key].metadata[MOMENTS] = (self._now(), None)
                 elif finish == "fetch":
                     self._requested.setdefault(key, self._now())
             elif finish == "flight":
@@ -125,6 +184,8 @@ class CruxWorkerPlugin(WorkerPlugin):
             self._hook_failed(error)
 
     def _released(self, key: Any) -> None:
+        if self._transfers:  # a gather of this key, if any, goes first
+            self._poll_gathers()
         now = self._now()
         if key in self._on_disk:
             self._on_disk.discard(key)
@@ -136,12 +197,12 @@ class CruxWorkerPlugin(WorkerPlugin):
         """``key`` arrived from another worker: find the fetch in the transfer log."""
         source, started = self._flight_start.pop(key, (None, None))
         requested = self._requested.pop(key, None)
-        if not self.capture.get("transfers", True):
+        if not self._transfers:
             return
         ts = self.worker.state.tasks.get(key)
         nbytes = (ts.nbytes if ts else None) or 0
         log = self.worker.transfer_incoming_log
-        for entry in _newest(log, _LOG_LOOKBACK):
+        for entry in islice(reversed(log), _LOG_LOOKBACK):
             if key in entry["keys"] and (source is None or entry["who"] == source):
                 start, stop, source = entry["start"], entry["stop"], entry["who"]
                 break
@@ -182,32 +243,42 @@ class CruxWorkerPlugin(WorkerPlugin):
         except Exception as error:
             self._hook_failed(error)
 
-    def _hook_get_data(self, worker: Worker) -> None:
-        """Wrap the ``get_data`` handler to see data gathered by the client."""
-        original = worker.handlers.get("get_data")
-        if original is None:
+    def _poll_gathers(self) -> None:
+        """Record the data this worker handed to clients since the last look.
+
+        Read from the worker's own log of outgoing transfers, newest first down
+        to the newest entry read before: an entry that names no peer (``who``
+        is ``None``) is data a client gathered, directly or through the
+        scheduler.  Costs an identity test when nothing was logged since.
+        """
+        log = self.worker.transfer_outgoing_log
+        if not log:
             return
-        plugin = self
-
-        async def get_data(comm: Any, keys: Any = (), who: str | None = None,
-                           **kwargs: Any) -> Any:
-            start = plugin._now()
-            result = await original(comm, keys=keys, who=who, **kwargs)
-            if who is None:  # peers say who they are; the client and scheduler do not
-                plugin._gathered(keys, start)
-            return result
-
-        self._original_get_data = original
-        worker.handlers["get_data"] = get_data
-
-    def _gathered(self, keys: Any, start: float) -> None:
+        seen = self._outgoing_seen
+        newest = log[-1]
+        if newest is seen:
+            return
         try:
-            stop = self._now()
-            for key in keys:
-                if key in self.worker.data:
-                    self._record(("transfer", key_string(key), self.memory, CLIENT, start,
-                                  stop, self._nbytes(key)))
+            fresh = []
+            for entry in reversed(log):
+                if entry is seen:
+                    break
+                fresh.append(entry)
+            else:
+                if seen is not None:  # it fell out of the log before we read what followed
+                    self.counts["transfer_log_overruns"] += 1
+            self._outgoing_seen = newest
+            memory = self.memory
+            for entry in reversed(fresh):
+                if entry["who"] is None:
+                    start, stop = entry["start"], entry["stop"]
+                    keys = entry["keys"]  # key -> bytes sent
+                    sent = keys.items() if isinstance(keys, dict) else ((k, 0) for k in keys)
+                    for key, nbytes in sent:
+                        self._record(("transfer", key_string(key), memory, CLIENT, start,
+                                      stop, nbytes or 0))
         except Exception as error:
+            self._outgoing_seen = newest
             self._hook_failed(error)
 
     # -- transport --------------------------------------------------------------
@@ -222,6 +293,8 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.worker.loop.add_callback(self._flush_soon)
 
     def _flush_soon(self) -> None:
+        if self._transfers:
+            self._poll_gathers()
         if self.buffer and self._sending is None:
             self._sending = asyncio.ensure_future(self._send())
 
@@ -231,6 +304,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         Returns ``False`` if the scheduler could not be reached (the events
         stay buffered for the next try).
         """
+        if self._transfers:
+            self._poll_gathers()
         while True:
             if self._sending is not None:
                 await asyncio.shield(self._sending)
@@ -282,14 +357,11 @@ class CruxWorkerPlugin(WorkerPlugin):
                            error)
 
     def stats(self) -> dict[str, Any]:
+        """What this worker recorded, sent, dropped and could not send.
+
+        ``events_dropped`` were given up (the buffer was full, or the scheduler
+        refused them); ``events_unsent`` were still buffered when the plugin
+        was torn down, and stay in :attr:`buffer`.
+        """
         return {**self.counts, "events_buffered": len(self.buffer)}
 
-
-def _newest(log: Any, n: int) -> list:
-    """The ``n`` newest entries of a deque, newest first."""
-    entries = []
-    for entry in reversed(log):
-        entries.append(entry)
-        if len(entries) == n:
-            break
-    return entries

@@ -61,7 +61,10 @@ PRELOADED = textwrap.dedent("""
 
 def installed_root() -> Path | None:
     """The directory holding ``distributed``, if its tests are installed there."""
-    if importlib.util.find_spec("distributed.tests.test_worker") is None:
+    try:
+        if importlib.util.find_spec("distributed.tests.test_worker") is None:
+            return None
+    except ModuleNotFoundError:  # not even the package of distributed's tests
         return None
     return compat.site_packages(sys.executable)
 

@@ -5,8 +5,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# A checkout of distributed's test suite for the installed version (see benchmarks/compat.py).
-DISTRIBUTED_TESTS ?= ../shared/distributed-tests
+# A checkout of distributed's test suite for the installed version (see benchmarks/compat.py):
+# `make compat DISTRIBUTED_TESTS=DIR`.
+DISTRIBUTED_TESTS ?=
 
 .PHONY: demo test lint bench compat overhead clean
 

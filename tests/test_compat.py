@@ -8,7 +8,7 @@ that fails is run again without Crux: only a test that passes without Crux
 and fails with it is a failure here.
 
 Skipped when distributed's tests are not installed (its wheel leaves them
-out; ``.ci/run`` installs them when it finds a copy).
+out; ``.ci/run`` installs them from ``$DISTRIBUTED_TESTS`` when that is set).
 """
 
 from __future__ import annotations

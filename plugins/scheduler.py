@@ -163,7 +163,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
-                self.sent[key] = (time.time(), (key_string(freed_by), freed_on) if (
+                self.sent[key] = (time.time(), (freed_by, freed_on) if (
                     start == "queued" and stimulus == stimulus_id) else None)
                 return
             if start != "processing" or finish not in ("memory", "erred"):
@@ -184,7 +184,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 kwargs.get("startstops"), kwargs.get("nbytes") or 0,
                 [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
                 annotation, self.graph_roots.pop(key, -1), self.sent.pop(key, None),
-                (kwargs.get("metadata") or {}).get(MOMENTS),
+                metadata.get(MOMENTS) if (metadata := kwargs.get("metadata")) else None,
             ))
             if finish == "erred":
                 self.erred[key_string(key)] = {

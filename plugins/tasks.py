@@ -53,7 +53,7 @@ def task_event(item: Sequence[Any]) -> tuple:
     return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
             tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
             location, "erred" if erred else None, reads, sent_at, received, runnable,
-            *(freed if freed is not None else (None, None)))
+            *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)))
 
 
 def _moments(moments: Any) -> tuple[float | None, float | None]:

@@ -161,6 +161,15 @@ class EventColumns:
         """Every event, as tuples."""
         return [self.event(i) for i in range(len(self))]
 
+    def rows(self, lo: int, hi: int) -> EventColumns:
+        """Events ``lo`` to ``hi`` (excluded), sharing this batch's string table."""
+        offset = self.input_offset
+        columns = {name: getattr(self, name)[lo:hi] for name in COLUMNS if name != "inputs"}
+        return EventColumns(self.strings, **columns,
+                            inputs=self.inputs[offset[lo]:offset[hi]],
+                            others={i - lo: event for i, event in self.others.items()
+                                    if lo <= i < hi})
+
     # -- building -------------------------------------------------------------
     @classmethod
     def from_events(cls, events: list) -> EventColumns:

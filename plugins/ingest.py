@@ -3,8 +3,9 @@
 Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`: tuples
 in the builder's form, tasks as the transition hook recorded them
 (:mod:`crux_dask.plugins.tasks`), lost workers, and the workers' batches.  The
-graph grows from the queue in slices of at most ``slice_events`` events, each
-followed by a turn of the event loop: from the periodic callback, from a
+graph grows from the queue in slices of a few milliseconds each (at most
+``slice_events`` events, fewer while events are slow to apply), each followed
+by a turn of the event loop: from the periodic callback, from a
 callback a hook schedules when the queue passes ``crux-dask.max-pending-events``,
 and from :meth:`Ingest.drain` when a client asks for the graph.  Requests to
 the dashboard read what is applied so far.
@@ -30,14 +31,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOST", "SLICE_EVENTS", "Ingest"]
+__all__ = ["LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest"]
 
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
-#: Events applied in one slice.  About 4 ms of the event loop for events in
-#: tuples on a slow machine, less for the workers' batches in columns, and
-#: enough for the builder to apply them in windows.
+#: The most events applied in one slice: enough for the builder to apply
+#: routine events in windows (about a microsecond each).
 SLICE_EVENTS = 2048
+#: What one slice should take of the event loop.  Events that wait for inputs
+#: reported late go one by one at 5-10 microseconds each: while slices take
+#: longer than this, the bound on events per slice halves (down to
+#: ``SLICE_MIN``); while they take less than half, it doubles back.
+SLICE_SECONDS = 0.005
+SLICE_MIN = 128
 
 _COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
            "batches_in_columns", "batches_rejected", "hook_errors"]
@@ -57,9 +63,9 @@ class Ingest:
     park_timeout : float
         Seconds an event may wait for an input before it gets a stand-in.
     slice_events : int
-        The most events one slice applies.  A worker's batch is applied
-        whole (its size is bounded by ``crux-dask.batch-size``), so a slice
-        holds at most ``slice_events`` events or one batch.
+        The most events one slice applies; a worker's batch larger than what
+        is left of a slice is split.  Fewer while slices take longer than
+        :data:`SLICE_SECONDS`.
 
     Attributes
     ----------
@@ -76,7 +82,10 @@ class Ingest:
         Batches received, in columns and rejected; events from workers,
         applied and failed; hook errors.
     seconds : dict of str to float
-        Time spent receiving batches and applying events.
+        Time spent receiving batches and applying events, and the longest
+        stretch the event loop spent in one slice (``longest_slice``).
+    limit : int
+        Events the next slice may apply.
     last_error : str or None
         The last event refused or hook failure.
     """
@@ -92,7 +101,8 @@ class Ingest:
         self.pending = 0
         self.taken = 0
         self.counts = dict.fromkeys(_COUNTS, 0)
-        self.seconds = {"receive": 0.0, "apply": 0.0}
+        self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
+        self.limit = slice_events
         self.last_error: str | None = None
         self._soon = False  # a callback that applies the next slice is scheduled
 
@@ -191,7 +201,7 @@ class Ingest:
         self._resolve(None)
 
     def apply_slice(self) -> int:
-        """Apply the oldest queued events, at most ``slice_events`` of them (or one batch).
+        """Apply the oldest queued events, at most :attr:`limit` of them.
 
         An event that cannot be applied is counted and the others go on.
         Returns how many events were taken from the queue.
@@ -209,13 +219,15 @@ class Ingest:
         parts: list[EventColumns] = []  # runs of events, applied together
         events: list[tuple] = []
         try:
-            while queue:
+            while queue and taken < self.limit:
                 item = queue[0]
                 in_columns = isinstance(item, EventColumns)
                 size = len(item) if in_columns else 1
-                if taken and taken + size > self.slice_events:
-                    break
-                queue.popleft()
+                if taken + size > self.limit:  # a batch too large for what is left
+                    size = self.limit - taken
+                    item, queue[0] = item.rows(0, size), item.rows(size, len(item))
+                else:
+                    queue.popleft()
                 taken += size
                 if in_columns:
                     if events:
@@ -243,7 +255,11 @@ class Ingest:
         self.counts["events_applied"] += taken - failed
         self.counts["events_failed"] += failed
         self._spool_if_due()
-        self.seconds["apply"] += time.perf_counter() - started
+        elapsed = self._took(started)
+        if elapsed > SLICE_SECONDS:
+            self.limit = max(SLICE_MIN, self.limit // 2)
+        elif 2 * elapsed < SLICE_SECONDS and taken >= self.limit:
+            self.limit = min(self.slice_events, 2 * self.limit)
         return taken
 
     def _step(self) -> None:
@@ -273,7 +289,14 @@ class Ingest:
         started = time.perf_counter()
         self.builder.resolve_parked(older_than)
         self._spool_if_due()
-        self.seconds["apply"] += time.perf_counter() - started
+        self._took(started)
+
+    def _took(self, started: float) -> float:
+        """Account for an apply begun at ``started``; return how long it took."""
+        elapsed = time.perf_counter() - started
+        self.seconds["apply"] += elapsed
+        self.seconds["longest_slice"] = max(self.seconds["longest_slice"], elapsed)
+        return elapsed
 
     def _spool_if_due(self) -> None:
         if self.spool.due(self.builder):

@@ -258,6 +258,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             **self.counts,
             "seconds_receiving": ingest.seconds["receive"],
             "seconds_applying": ingest.seconds["apply"],
+            "longest_slice_seconds": ingest.seconds["longest_slice"],
             "events_pending": ingest.pending,
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,

@@ -256,3 +256,26 @@ def test_a_routine_run_goes_almost_entirely_through_windows():
     # Only the root, the tail shorter than a window, and window breaks go one by one.
     assert len(scalar_calls) < 0.05 * len(events), len(scalar_calls)
     assert windowed.store.n_states > 6000
+
+
+def test_a_stream_of_waiting_events_is_not_planned_event_after_event(monkeypatch):
+    # Every computation reads an input that another worker reports only at the
+    # end (as a worker's late batch does): no window can take any of them.
+    n = 4000
+    events = [("compute", f"c-{i}", WORKERS[0], 1, float(i), i + 0.5, 8, (f"in-{i}",), 0,
+               None, None, None, None, None, None) for i in range(n)]
+    events += [("transfer", f"in-{i}", f"memory@{WORKERS[1]}", f"memory@{WORKERS[0]}",
+                i - 0.2, i - 0.1, 8) for i in range(n)]
+    planned = []
+    real = feed_module.apply_window
+    monkeypatch.setattr(feed_module, "apply_window",
+                        lambda *args: planned.append(args[3] - args[2]) or real(*args))
+    windowed = PAGBuilder(run_id="same")
+    windowed.apply_columns(EventColumns.from_events(events[:n]))
+    # Each window that takes nothing is followed by a pause that doubles.
+    assert len(planned) <= 8, planned
+    windowed.apply_columns(EventColumns.from_events(events[n:]))
+    scalar = PAGBuilder(run_id="same")
+    for event in events:
+        scalar.apply(event)
+    assert state_of(windowed) == state_of(scalar)

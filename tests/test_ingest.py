@@ -46,7 +46,7 @@ def test_a_slice_applies_at_most_slice_events():
     assert ingest.counts["events_applied"] == 250 == ingest.received
 
 
-def test_a_worker_batch_is_applied_whole_and_alone():
+def test_a_worker_batch_larger_than_a_slice_is_split():
     ingest = new_ingest(slice_events=600)
     for event in computations(100, "a"):
         ingest.record(event)
@@ -55,9 +55,12 @@ def test_a_worker_batch_is_applied_whole_and_alone():
     assert ingest.counts["batches_in_columns"] == 1
     for event in computations(10, "c"):
         ingest.record(event)
-    # The batch does not fit after the first events, and is not split.
-    assert [ingest.apply_slice() for _ in range(4)] == [100, 1000, 10, 0]
+    # What does not fit after the first events waits for the next slice, in order.
+    assert [ingest.apply_slice() for _ in range(4)] == [600, 510, 0, 0]
     assert ingest.builder.n_applied == 1 + 1110
+    keys = ingest.builder.store.keys.values
+    assert keys[1:] == [f"a-{i}" for i in range(100)] + [f"b-{i}" for i in range(1000)] + [
+        f"c-{i}" for i in range(10)]
 
 
 @gen_test()

@@ -16,6 +16,12 @@ __all__ = ["WINDOW_MAX", "Feed"]
 
 #: The largest window of events planned at once: larger string tables leave the cache.
 WINDOW_MAX = 16_384
+#: Events applied one by one after a window that took less than a quarter of what
+#: it planned, doubled for each such window in a row (up to ``WINDOW_MAX``).
+#: Planning a window costs about as much as applying 25 events one by one, so a
+#: stream that is not routine (events waiting for inputs a worker reports late)
+#: must not be planned event after event.
+PAUSE_MIN = 64
 
 OnError = Callable[[Sequence[Any], Exception], None]
 
@@ -25,12 +31,15 @@ class Feed:
 
     The window size adapts to the stream: it doubles while windows are taken
     whole, and shrinks to what the last one took when an event that is not
-    routine ends it early, since planning costs the whole window.
+    routine ends it early, since planning costs the whole window.  After a
+    window that took little, the next events go one by one for a while
+    (:data:`PAUSE_MIN`, doubled for each such window in a row).
     """
 
     def __init__(self, builder: PAGBuilder) -> None:
         self.builder = builder
         self.window = COLUMNS_FROM
+        self.pause = 0  # events to apply one by one after the last window
 
     def apply_many(self, events: Iterable[Sequence[Any]], now: float,
                    on_error: OnError | None) -> None:
@@ -74,9 +83,13 @@ class Feed:
                     position += done
                     if done == size:
                         self.window = min(2 * self.window, WINDOW_MAX)
+                        self.pause = 0
                         continue
                     self.window = max(COLUMNS_FROM, min(2 * done, WINDOW_MAX))
-                    stop = position + 1  # the event that ended the window
+                    self.pause = (min(max(PAUSE_MIN, 2 * self.pause), WINDOW_MAX)
+                                  if 4 * done < size else 0)
+                    # The event that ended the window, and the pause after a poor one.
+                    stop = min(n, position + 1 + self.pause)
             self.one_by_one(map(event_at, range(position, stop)), now, on_error)
             position = stop
 

@@ -19,6 +19,8 @@ from crux_dask.store import PAGStore
 __all__ = ["Holdings"]
 
 _DELETE = int(MutationKind.DELETE)
+#: New mutations up to which releases are found with a Python loop rather than numpy.
+_SCAN_FROM = 256
 
 
 class Holdings:
@@ -125,26 +127,29 @@ class Holdings:
         start, stop = self._released_upto, store.n_mutations
         if start < stop:
             self._released_upto = stop
-            self._index_releases(start + np.flatnonzero(
-                store.column("mutation_kind", np.arange(start, stop)) == _DELETE))
+            if stop - start <= _SCAN_FROM:  # a few new mutations: numpy would cost more
+                kinds = store.mutation_kind
+                deletes = [m for m in range(start, stop) if kinds[m] == _DELETE]
+            else:
+                deletes = (start + np.flatnonzero(store.column(
+                    "mutation_kind", np.arange(start, stop)) == _DELETE)).tolist()
+            self._index_releases(deletes)
         return self._released.get((key, location))
 
-    def _index_releases(self, mutations: np.ndarray) -> None:
+    def _index_releases(self, deletes: list[int]) -> None:
+        """Remember the states that the DELETE mutations ``deletes`` released."""
         store = self.store
-        mutations = mutations[-self.max_released:]
-        src = store.column("mutation_src", mutations)
-        dst = store.column("mutation_dst", mutations)
-        location_of = store.column("state_location", dst)
-        key_of = store.column("state_key", dst)
-        # Only releases: a tombstone of the same key at the same place.
-        release = ((store.column("state_location", src) == location_of)
-                   & (store.column("state_key", src) == key_of))
+        mutation_src, mutation_dst = store.mutation_src, store.mutation_dst
+        location_of, key_of = store.state_location, store.state_key
         released = self._released
         names = store.keys.values
-        for state, code, where in zip(src[release].tolist(), key_of[release].tolist(),
-                                      location_of[release].tolist()):
-            slot = (names[code], where)
-            released.pop(slot, None)  # the latest release is remembered longest
-            released[slot] = state
+        for mutation in deletes[-self.max_released:]:
+            src, dst = mutation_src[mutation], mutation_dst[mutation]
+            where, code = location_of[dst], key_of[dst]
+            # Only releases: a tombstone of the same key at the same place.
+            if location_of[src] == where and key_of[src] == code:
+                slot = (names[code], where)
+                released.pop(slot, None)  # the latest release is remembered longest
+                released[slot] = src
         for _ in range(len(released) - self.max_released):
             released.popitem(last=False)

@@ -286,6 +286,9 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
     chosen = workloads(args)
     results: dict[str, dict[str, list]] = {w: {c: [] for c in CONFIGS} for w in chosen}
     events: dict[str, list[int]] = {w: [] for w in chosen}
+    applying: dict[str, list[float]] = {w: [] for w in chosen}
+    longest: dict[str, list[float]] = {w: [] for w in chosen}
+    waited: dict[str, list[int]] = {w: [] for w in chosen}
     with tempfile.TemporaryDirectory(prefix="crux-overhead-") as scratch:
         for round_ in range(args.repeats):
             order = CONFIGS[round_ % 3:] + CONFIGS[:round_ % 3]
@@ -303,6 +306,11 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
                             check_crux(after)
                             events[name].append(after["events_received"]
                                                 - before["events_received"])
+                            applying[name].append(after["seconds_applying"]
+                                                  - before["seconds_applying"])
+                            longest[name].append(after["longest_slice_seconds"])
+                            waited[name].append(after["events_parked_total"]
+                                                - before["events_parked_total"])
                         print(f"  round {round_ + 1} {config:<11} {name:<8} "
                               f"wall {result['wall']:6.2f} s  scheduler CPU "
                               f"{result['scheduler']:6.2f} s  workers CPU "
@@ -311,6 +319,9 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
                     cluster.close()
     for name in chosen:
         results[name]["events"] = events[name]  # type: ignore[assignment]
+        results[name]["applying"] = applying[name]  # type: ignore[assignment]
+        results[name]["longest_slice"] = longest[name]  # type: ignore[assignment]
+        results[name]["waited"] = waited[name]  # type: ignore[assignment]
     return results
 
 
@@ -362,6 +373,12 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   + " ".join(f"{b:.3f}" for _, b in ratios))
         if "crux" in medians:
             crux = medians["crux"]
+            applying = statistics.median(results[name]["applying"])
+            print(f"  crux's own account: applying events took {applying:.3f} CPU s of the "
+                  f"scheduler ({applying / crux['scheduler']:.1%} of its CPU); events that "
+                  f"waited for a late report {statistics.median(results[name]['waited']):,.0f}"
+                  f"; longest slice of the event loop "
+                  f"{max(results[name]['longest_slice']) * 1000:.1f} ms")
             ok = (crux["scheduler"] <= TARGET * base["scheduler"]
                   and crux["workers"] <= TARGET * base["workers"])
             print(f"  target crux <= +{(TARGET - 1) * 100:.0f} % scheduler and workers CPU "

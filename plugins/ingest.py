@@ -39,9 +39,10 @@ LOST = "lost"
 #: routine events in windows (about a microsecond each).
 SLICE_EVENTS = 2048
 #: What one slice should take of the event loop.  Events that wait for inputs
-#: reported late go one by one at 5-10 microseconds each: while slices take
-#: longer than this, the bound on events per slice halves (down to
-#: ``SLICE_MIN``); while they take less than half, it doubles back.
+#: reported late go one by one at 5-10 microseconds each, routine ones in
+#: windows at about one: after each full or slow slice, the bound on events per
+#: slice is set to what fits in this time at the rate just measured (from
+#: ``SLICE_MIN`` to ``slice_events``).
 SLICE_SECONDS = 0.005
 SLICE_MIN = 128
 
@@ -64,8 +65,11 @@ class Ingest:
         Seconds an event may wait for an input before it gets a stand-in.
     slice_events : int
         The most events one slice applies; a worker's batch larger than what
-        is left of a slice is split.  Fewer while slices take longer than
-        :data:`SLICE_SECONDS`.
+        is left of a slice is split.
+    slice_seconds : float or None
+        What a slice should take: the events per slice follow the rate of
+        the last slices (:data:`SLICE_SECONDS`).  ``None``: always
+        ``slice_events``.
 
     Attributes
     ----------
@@ -82,8 +86,9 @@ class Ingest:
         Batches received, in columns and rejected; events from workers,
         applied and failed; hook errors.
     seconds : dict of str to float
-        Time spent receiving batches and applying events, and the longest
-        stretch the event loop spent in one slice (``longest_slice``).
+        CPU time the event loop's thread spent receiving batches and applying
+        events, and the longest stretch of the event loop one slice took
+        (``longest_slice``, wall time).
     limit : int
         Events the next slice may apply.
     last_error : str or None
@@ -91,7 +96,8 @@ class Ingest:
     """
 
     def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
-                 park_timeout: float, slice_events: int = SLICE_EVENTS) -> None:
+                 park_timeout: float, slice_events: int = SLICE_EVENTS,
+                 slice_seconds: float | None = SLICE_SECONDS) -> None:
         self.builder = builder
         self.spool = spool
         self.max_pending = max_pending
@@ -102,7 +108,8 @@ class Ingest:
         self.taken = 0
         self.counts = dict.fromkeys(_COUNTS, 0)
         self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
-        self.limit = slice_events
+        self.slice_seconds = slice_seconds
+        self.limit = slice_events if slice_seconds is None else min(slice_events, 4 * SLICE_MIN)
         self.last_error: str | None = None
         self._soon = False  # a callback that applies the next slice is scheduled
 
@@ -129,7 +136,7 @@ class Ingest:
             "error": ...}`` for a malformed batch (nothing of it is queued).
         """
         self.counts["batches_received"] += 1
-        started = time.perf_counter()
+        started = time.thread_time()
         try:
             decoded = decode_batch(batch)
         except BatchError as error:
@@ -145,7 +152,7 @@ class Ingest:
         n = len(decoded)
         self.pending += n
         self.counts["events_from_workers"] += n
-        self.seconds["receive"] += time.perf_counter() - started
+        self.seconds["receive"] += time.thread_time() - started
         if self.pending >= self.max_pending:
             self.apply_soon()
         return {"status": "OK", "accepted": n}
@@ -206,7 +213,7 @@ class Ingest:
         An event that cannot be applied is counted and the others go on.
         Returns how many events were taken from the queue.
         """
-        started = time.perf_counter()
+        started = time.perf_counter(), time.thread_time()
         queue = self.queue
         now = time.monotonic()
         taken = failed = 0
@@ -256,10 +263,10 @@ class Ingest:
         self.counts["events_failed"] += failed
         self._spool_if_due()
         elapsed = self._took(started)
-        if elapsed > SLICE_SECONDS:
-            self.limit = max(SLICE_MIN, self.limit // 2)
-        elif 2 * elapsed < SLICE_SECONDS and taken >= self.limit:
-            self.limit = min(self.slice_events, 2 * self.limit)
+        target = self.slice_seconds
+        if target is not None and (taken >= self.limit or elapsed > target):
+            fits = int(0.8 * taken * target / max(elapsed, 1e-6))
+            self.limit = min(self.slice_events, max(SLICE_MIN, fits))
         return taken
 
     def _step(self) -> None:
@@ -286,15 +293,15 @@ class Ingest:
 
     def _resolve(self, older_than: float | None) -> None:
         """Give waiting events a stand-in: those waiting since before ``older_than``, or all."""
-        started = time.perf_counter()
+        started = time.perf_counter(), time.thread_time()
         self.builder.resolve_parked(older_than)
         self._spool_if_due()
         self._took(started)
 
-    def _took(self, started: float) -> float:
-        """Account for an apply begun at ``started``; return how long it took."""
-        elapsed = time.perf_counter() - started
-        self.seconds["apply"] += elapsed
+    def _took(self, started: tuple[float, float]) -> float:
+        """Account for an apply begun at ``started`` (wall, thread CPU); return its wall time."""
+        elapsed = time.perf_counter() - started[0]
+        self.seconds["apply"] += time.thread_time() - started[1]
         self.seconds["longest_slice"] = max(self.seconds["longest_slice"], elapsed)
         return elapsed
 

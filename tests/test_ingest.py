@@ -27,7 +27,7 @@ def new_ingest(slice_events: int, max_pending: int = 1_000_000) -> Ingest:
     builder = PAGBuilder()
     builder.root(0.0)
     return Ingest(builder, Spool(None, None), max_pending=max_pending, park_timeout=10.0,
-                  slice_events=slice_events)
+                  slice_events=slice_events, slice_seconds=None)
 
 
 def computations(n: int, prefix: str = "t") -> list[tuple]:
@@ -61,6 +61,24 @@ def test_a_worker_batch_larger_than_a_slice_is_split():
     keys = ingest.builder.store.keys.values
     assert keys[1:] == [f"a-{i}" for i in range(100)] + [f"b-{i}" for i in range(1000)] + [
         f"c-{i}" for i in range(10)]
+
+
+def test_the_events_per_slice_follow_the_time_a_slice_took():
+    from crux_dask.plugins.ingest import SLICE_MIN
+
+    def sizes(slice_seconds: float) -> list[int]:
+        builder = PAGBuilder()
+        builder.root(0.0)
+        ingest = Ingest(builder, Spool(None, None), max_pending=10**9, park_timeout=10.0,
+                        slice_events=3000, slice_seconds=slice_seconds)
+        for event in computations(6000):
+            ingest.record(event)
+        return [ingest.apply_slice() for _ in range(3)]
+
+    # Slices that can never be fast enough shrink to the least; slices that are
+    # always fast grow to the most.
+    assert sizes(1e-9) == [4 * SLICE_MIN, SLICE_MIN, SLICE_MIN]
+    assert sizes(1e9) == [4 * SLICE_MIN, 3000, 2488]
 
 
 @gen_test()

@@ -104,6 +104,7 @@ def test_release_is_a_delete_to_a_tombstone():
     assert mutations.iloc[-1][["src", "dst", "kind", "busy"]].tolist() == [
         x, gone, "DELETE", 0.0]
     assert b.delete("x", f"memory@{A}", 5.0) is None  # nothing left to release
+    assert b.n_parked == 0  # and nothing to wait for: it was released there already
     assert b.end == x  # a tombstone never ends the workflow
 
 
@@ -132,6 +133,25 @@ def test_a_consumer_reported_before_its_input_transfer_waits_for_it():
     _, mutations = rows(b)
     consumer = mutations[mutations["key"] == "y"]
     assert consumer["src"].tolist() == [moved]
+
+
+def test_a_release_reported_before_the_task_that_made_the_data_waits_for_it():
+    # y waits for its input's transfer, which B reports after y's release.
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 1000, ())
+    assert b.compute("y", B, 2, 1.5, 2, 8, ("x",), now=100.0) is None
+    assert b.delete("y", f"memory@{B}", 3.0, now=100.0) is None
+    assert b.n_parked == 2
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 1.1, 1.4)
+    assert b.n_parked == 0
+    states, mutations = rows(b)
+    y = states.index[(states["key"] == "y") & (states["size"] == 8)].item()
+    gone = mutations[(mutations["src"] == y) & (mutations["kind"] == "DELETE")]["dst"]
+    assert states.loc[gone.item(), ["size", "time"]].tolist() == [0, 3.0]
+    # A release of data never reported goes once its wait is over, with nothing made.
+    assert b.delete("z", f"memory@{B}", 4.0, now=100.0) is None
+    assert b.resolve_parked() == 0 and b.n_parked == 0
 
 
 def test_an_input_that_never_arrives_falls_back_to_the_newest_copy():

@@ -203,9 +203,9 @@ class PAGBuilder:
         return self._transfer(Transfer("transfer", key, source, destination, start, stop,
                                        nbytes), now)
 
-    def delete(self, key: str, location: str, time: float) -> int | None:
+    def delete(self, key: str, location: str, time: float, now: float = 0.0) -> int | None:
         """Data of ``key`` released at ``location``; returns the tombstone's id."""
-        return self._delete(Delete("delete", key, location, time))
+        return self._delete(Delete("delete", key, location, time), now)
 
     # -- handlers ---------------------------------------------------------------
     def _root(self, event: Any, now: float = 0.0) -> int:
@@ -298,8 +298,11 @@ class PAGBuilder:
         time = e.time + 0.0
         store = self.store
         location = store.locations.codes.get(e.location)
-        src = None if location is None else self.holdings.drop(e.key, location)
+        if location is None:
+            return None
+        src = self.holdings.drop(e.key, location)
         if src is None:
+            lookups.unheld(self, e.key, location, event, now)
             return None
         self.fanout.forget(src)
         dst = self._add_state(store.state_key[src], location, store.state_worker[src],

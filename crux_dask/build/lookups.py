@@ -1,4 +1,5 @@
-"""What an event needs that may not be reported yet: an input, the task that freed its slot.
+"""What an event needs that may not be reported yet: an input, the task that freed its slot,
+the data a release releases.
 
 Workers report on their own schedule: an input fetched from another worker,
 or the task whose completion released a task from the scheduler's queue, may
@@ -17,7 +18,7 @@ from crux_dask.events import Compute
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
 
-__all__ = ["WAITS", "freed_by", "missing"]
+__all__ = ["WAITS", "freed_by", "missing", "unheld"]
 
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 AWAITED = ("memory@", "disk@")
@@ -65,3 +66,17 @@ def freed_by(builder: PAGBuilder, e: Compute, event: Any, now: float) -> int | N
         builder.waiting.park((e.released_by, where), event, now)
         return WAITS
     return state
+
+
+def unheld(builder: PAGBuilder, key: str, location: int, event: Any, now: float) -> None:
+    """A release of data not held at ``location``: park it, unless there is nothing to wait for.
+
+    The task that made the data may itself wait for an input a worker reports
+    late; its release then waits for it.  A release of data already released
+    there (reported twice), at a place Dask does not report, or being
+    resolved is dropped.
+    """
+    if builder.resolving is event or builder.holdings.released_at(key, location) is not None:
+        return
+    if builder.store.locations.values[location].startswith(AWAITED):
+        builder.waiting.park((key, location), event, now)

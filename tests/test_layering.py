@@ -54,3 +54,25 @@ def test_the_package_still_exports_everything():
     for name in plugins.__all__:
         assert getattr(plugins, name) is not None
     assert not hasattr(plugins, "dask_teardown")  # what a preload looks for, and is absent
+
+
+
+def test_every_package_of_the_repository_is_installed():
+    # A package missing from pyproject's list works in an editable install and
+    # is left out of a wheel.
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    homes = setup["package-dir"]
+    found = set()
+    for package, home in homes.items():
+        for init in (root / home).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / home).parts
+            name = ".".join((package, *parts))
+            # A folder that is the home of another package is counted under that one.
+            if not any(str(init.parent.relative_to(root)) == h for p, h in homes.items()
+                       if p != package):
+                found.add(name)
+    assert found - set(setup["packages"]) == set()

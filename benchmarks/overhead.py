@@ -33,8 +33,13 @@ the same round.
 Target: Crux costs at most +2 % of the scheduler's CPU and +2 % of the
 workers' CPU over ``none``.
 
+``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
+preloaded from another version of its code, an importable ``crux_dask``
+package in ``DIR`` (put first on the processes' ``PYTHONPATH``), to compare
+two versions of Crux side by side in the same rounds.
+
 Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
-[--rows N] [--array N] [--workloads W ...] [--json FILE]``
+[--rows N] [--array N] [--workloads W ...] [--compare-with DIR] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -156,18 +161,25 @@ class Cluster:
     Parameters
     ----------
     config : str
-        One of :data:`CONFIGS`.
+        One of :data:`CONFIGS`, or ``crux-other``.
+    other : Path, optional
+        For ``crux-other``: the folder the other version of ``crux_dask`` is in.
     workdir : Path
         Where the scheduler file and the workers' local directories go.
     n_workers : int
         Worker processes, of one thread each.
     """
 
-    def __init__(self, config: str, workdir: Path, n_workers: int = 2) -> None:
+    def __init__(self, config: str, workdir: Path, n_workers: int = 2,
+                 other: Path | None = None) -> None:
         self.config = config
+        self.crux = config.startswith("crux")
         env = {k: v for k, v in os.environ.items() if k not in PRELOAD}
-        if config == "crux":
+        if self.crux:
             env.update(PRELOAD)
+        if config == "crux-other":
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(other), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PYTHONWARNINGS"] = "ignore"
         # One thread per worker process, numpy's included (a nanny would set these).
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -195,7 +207,7 @@ class Cluster:
             self.client.run_on_scheduler(add_task_stream)
         crux = [self.client.run_on_scheduler(has_crux),
                 *self.client.run(has_crux).values()]
-        if any(crux) != (config == "crux") or (config == "crux" and not all(crux)):
+        if any(crux) != self.crux or (self.crux and not all(crux)):
             self.close()
             raise RuntimeError(f"Crux on the scheduler and workers: {crux} in {config!r}")
         pid = self.client.run_on_scheduler(os.getpid)
@@ -227,7 +239,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise RuntimeError("the scheduler still holds tasks")
             time.sleep(0.02)
-        if self.config == "crux":
+        if self.crux:
             import crux_dask
 
             crux_dask.flush(client)
@@ -284,16 +296,17 @@ def workloads(args: argparse.Namespace) -> dict[str, tuple[str, Callable, Callab
 def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
     """Every measurement: ``results[workload][config]`` is one dict per round."""
     chosen = workloads(args)
-    results: dict[str, dict[str, list]] = {w: {c: [] for c in CONFIGS} for w in chosen}
+    configs = CONFIGS + (("crux-other",) if args.compare_with else ())
+    results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
     events: dict[str, list[int]] = {w: [] for w in chosen}
     applying: dict[str, list[float]] = {w: [] for w in chosen}
     longest: dict[str, list[float]] = {w: [] for w in chosen}
     waited: dict[str, list[int]] = {w: [] for w in chosen}
     with tempfile.TemporaryDirectory(prefix="crux-overhead-") as scratch:
         for round_ in range(args.repeats):
-            order = CONFIGS[round_ % 3:] + CONFIGS[:round_ % 3]
-            for config in order:
-                cluster = Cluster(config, Path(scratch))
+            turn = round_ % len(configs)
+            for config in configs[turn:] + configs[:turn]:
+                cluster = Cluster(config, Path(scratch), other=args.compare_with)
                 try:
                     for _, _, warm in chosen.values():
                         warm(cluster.client)
@@ -351,7 +364,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
               f"{'wall/none':>10} {'sched/none':>11} {'workers/none':>13}")
         medians = {c: {m: statistics.median(r[m] for r in results[name][c])
                        for m in ("wall", "scheduler", "workers")}
-                   for c in CONFIGS if results[name][c]}
+                   for c in results[name] if c in CONFIGS or c == "crux-other"}
         base = medians["none"]
         for config, m in medians.items():
             print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
@@ -359,14 +372,14 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   f"{m['scheduler'] / base['scheduler']:>11.3f} "
                   f"{m['workers'] / base['workers']:>13.3f}")
         minima = {c: {m: min(r[m] for r in results[name][c]) for m in ("scheduler", "workers")}
-                  for c in CONFIGS if results[name][c]}
+                  for c in medians}
         low = minima["none"]
         print("  least CPU of any round, / none: " + "; ".join(
             f"{c} scheduler {m['scheduler'] / low['scheduler']:.3f} workers "
             f"{m['workers'] / low['workers']:.3f}" for c, m in minima.items() if c != "none"))
         rounds = {c: [(r["scheduler"] / b["scheduler"], r["workers"] / b["workers"])
                       for r, b in zip(results[name][c], results[name]["none"], strict=True)]
-                  for c in CONFIGS if c != "none" and results[name][c]}
+                  for c in medians if c != "none"}
         for config, ratios in rounds.items():
             print(f"  {config} / none, each round: scheduler "
                   + " ".join(f"{a:.3f}" for a, _ in ratios) + "; workers "
@@ -379,6 +392,16 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   f"waited for a late report {statistics.median(results[name]['waited']):,.0f}"
                   f"; longest slice of the event loop "
                   f"{max(results[name]['longest_slice']) * 1000:.1f} ms")
+            if "crux-other" in medians:
+                pairs = [(r["scheduler"] / o["scheduler"], r["workers"] / o["workers"])
+                         for r, o in zip(results[name]["crux"], results[name]["crux-other"],
+                                         strict=True)]
+                other = medians["crux-other"]
+                print(f"  crux / crux-other: medians scheduler "
+                      f"{crux['scheduler'] / other['scheduler']:.3f} workers "
+                      f"{crux['workers'] / other['workers']:.3f}; each round: scheduler "
+                      + " ".join(f"{a:.3f}" for a, _ in pairs) + "; workers "
+                      + " ".join(f"{b:.3f}" for _, b in pairs))
             ok = (crux["scheduler"] <= TARGET * base["scheduler"]
                   and crux["workers"] <= TARGET * base["workers"])
             print(f"  target crux <= +{(TARGET - 1) * 100:.0f} % scheduler and workers CPU "
@@ -398,12 +421,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="side of the square array, in 20 x 20 chunks "
                              "(default: %(default)s)")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--compare-with", type=Path, metavar="DIR",
+                        help="also run Crux from the crux_dask package in DIR (crux-other)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     results = run(args)
     report(args, results)
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+        args.json.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v
+                                                  for k, v in vars(args).items()},
                                          "results": results}, indent=1))
 
 

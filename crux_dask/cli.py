@@ -180,14 +180,41 @@ def _load(path: str, run: str | None = None):
 @main.command(help="Summarise the critical path of a run of an exported dataset.")
 @click.argument("path", type=click.Path())
 @click.option("--run", "run_id", default=None, help="Run id (default: the latest).")
+@click.option("--computation", type=int, default=None,
+              help="The path of one computation: its index in the table (-1: the latest).")
+@click.option("--span", default=None, help="The path of one span: its id, name or last tag.")
 @click.option("--html", "html_file", default=None, type=click.Path(),
               help="Also write the path as a standalone HTML page.")
-def report(path: str, run_id: str | None, html_file: str | None) -> None:
+def report(path: str, run_id: str | None, computation: int | None, span: str | None,
+           html_file: str | None) -> None:
+    from distributed.utils import key_split_group
+
+    from crux_dask.provenance import read_scopes
+    from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
+
     pag = _load(path, run_id)
     run_id = run_id or pag.run_ids[-1]
-    path_ = pag.wcp(run_id=run_id)
-    click.echo(f"Run {run_id}: {len(pag.store(run_id).state_time):,} data states\n")
+    store = pag.store(run_id)
+    scopes = read_scopes(path, run_id)
+    click.echo(f"Run {run_id}: {store.n_states:,} data states\n")
+    groups = key_groups(store, key_split_group) if scopes else None
+    if computation is None and span is None:
+        path_ = pag.wcp(run_id=run_id)
+    else:
+        try:
+            scope = select(scopes, computation, span)
+        except ValueError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(2)
+        click.echo(f"The {scope.kind} {scope.name!r}:")
+        path_ = scope_path(store, scope, groups)
     click.echo(format_path(path_))
+    if scopes and computation is None and span is None:
+        table = scopes_frame(store, scopes, groups)
+        click.echo("\nComputations and spans (see --computation and --span):")
+        click.echo(table.assign(start=table["start"] - table["start"].min())[
+            ["kind", "name", "start", "makespan", "tasks", "path_length", "top_categories"]
+        ].to_string(float_format=lambda x: f"{x:.3f}"))
     click.echo(f"\n{format_suggestions(pag, run_id)}")
     if html_file:
         with open(html_file, "w") as f:

@@ -80,12 +80,30 @@ class CriticalPath:
             sids = np.asarray([] if single is None or single < 0 else [single], "int64")
         states = store.states_frame(sids).reset_index(drop=True)
         frame = _steps(store, through_cause, ids, src, dst, states)
-        busy = frame.groupby("category", observed=True)["busy"].sum()
-        breakdown = {c: float(busy.get(c, 0.0)) for c in CATEGORIES}
-        for part in ("scheduling", "queued", "wait"):
-            breakdown[part] += float(frame[part].sum())
         length = float(states["time"].iloc[-1] - states["time"].iloc[0]) if len(states) else 0.0
-        return cls(states, frame, method, length, breakdown)
+        return cls(states, frame, method, length, _breakdown(frame))
+
+    def clipped(self, start: float) -> CriticalPath:
+        """The path from the time ``start`` on (the same path if it starts later).
+
+        The part of the first step before ``start`` is taken off, earliest
+        part first: its ``wait``, ``queued``, ``scheduling``, then its busy
+        part.  The states are kept; :attr:`length` and :attr:`breakdown`
+        count from ``start``.
+        """
+        if not len(self.states) or self.states["time"].iloc[0] >= start:
+            return self
+        end = float(self.states["time"].iloc[-1])
+        cut = min(start, end) - float(self.states["time"].iloc[0])
+        steps = self.steps.copy()
+        steps.loc[0, "cost"] -= cut
+        for part in ("wait", "queued", "scheduling", "busy"):
+            taken = min(cut, max(float(steps.loc[0, part]), 0.0))
+            steps.loc[0, part] -= taken
+            cut -= taken
+        steps.loc[0, "wait"] -= cut  # what clocks that disagree leave
+        return CriticalPath(self.states, steps, self.method, end - min(start, end),
+                            _breakdown(steps))
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -155,6 +173,15 @@ class CriticalPath:
 
 _KIND_NAMES = np.array([k.name for k in (*MutationKind, *CauseKind)], object)
 _VIA = np.array([k.name.lower() for k in CauseKind], object)
+
+
+def _breakdown(steps: pd.DataFrame) -> dict[str, float]:
+    """Seconds of the steps by category: busy parts by their category, and the gaps."""
+    busy = steps.groupby("category", observed=True)["busy"].sum()
+    breakdown = {c: float(busy.get(c, 0.0)) for c in CATEGORIES}
+    for part in ("scheduling", "queued", "wait"):
+        breakdown[part] += float(steps[part].sum())
+    return breakdown
 
 
 def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,

@@ -9,6 +9,7 @@ Layout of a dataset directory (several runs, one partition each)::
     causes.parquet/run_id=<id>/...         causes besides data (a freed thread or slot)
     moments.parquet/run_id=<id>/...        when operations were requested, received,
                                            runnable
+    scopes.parquet/run_id=<id>/...         the computations and spans of the run
     tasks.parquet/run_id=<id>/...          one row per computed task
     transitions.parquet/run_id=<id>/...    scheduler transitions (when recorded)
     wcp.parquet/run_id=<id>/...            the observed critical path's steps
@@ -26,7 +27,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from crux_dask.pag import PAG
+from crux_dask.scopes import Scope
 from crux_dask.tables import (
     causes_table,
     moments_table,
@@ -51,15 +53,17 @@ __all__ = [
     "TABLES",
     "ProvenanceError",
     "read_dataset",
+    "read_scopes",
     "read_table",
     "tasks_frame",
     "write_dataset",
 ]
 
-SCHEMA_VERSION = 2
-#: Versions :func:`read_dataset` reads: version 1 had no causes or moments.
-SCHEMA_VERSIONS = (1, 2)
-TABLES = ("states", "mutations", "causes", "moments", "tasks", "transitions", "wcp")
+SCHEMA_VERSION = 3
+#: Versions :func:`read_dataset` reads: version 1 had no causes or moments,
+#: version 2 no computations and spans.
+SCHEMA_VERSIONS = (1, 2, 3)
+TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp")
 METADATA = "metadata.json"
 
 
@@ -73,7 +77,8 @@ def tasks_frame(pag: PAG, run_id: str | None = None) -> pd.DataFrame:
 
 
 def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | None = None,
-                  transitions: pd.DataFrame | None = None) -> Path:
+                  transitions: pd.DataFrame | None = None,
+                  scopes: Sequence[Scope] = ()) -> Path:
     """Add every run of ``pag`` to the dataset at ``path`` (created if needed).
 
     Parameters
@@ -87,6 +92,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
     transitions : DataFrame, optional
         Scheduler transitions (``key, start, finish, time, location, stimulus_id``)
         of the last run.
+    scopes : sequence of Scope, optional
+        The computations and spans of the last run (:mod:`crux_dask.scopes`).
 
     Returns
     -------
@@ -109,7 +116,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
             with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
                 writes = [pool.submit(_write_parquet, table, incoming / f"{name}.parquet")
                           for name, table in _run_tables(pag, run_id,
-                                                         transitions if last else None)]
+                                                         transitions if last else None,
+                                                         scopes if last else ())]
                 for write in writes:
                     write.result()
             for table in TABLES:
@@ -124,8 +132,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
     return root
 
 
-def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None
-                ) -> Iterator[tuple[str, Any]]:
+def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None,
+                scopes: Sequence[Scope]) -> Iterator[tuple[str, Any]]:
     """The tables of one run, as Arrow, one at a time."""
     import pyarrow as pa
 
@@ -137,6 +145,14 @@ def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None
     yield "causes", causes_table(store)
     yield "moments", moments_table(store)
     yield "tasks", tasks_table(store)
+    yield "scopes", pa.table({
+        "kind": pa.array([s.kind for s in scopes], pa.string()).dictionary_encode(),
+        "id": [s.id for s in scopes], "name": [s.name for s in scopes],
+        "parent": pa.array([s.parent for s in scopes], pa.string()),
+        "start": pa.array([s.start for s in scopes], pa.float64()),
+        "stop": pa.array([s.stop for s in scopes], pa.float64()),
+        "groups": pa.array([sorted(s.groups) for s in scopes], pa.list_(pa.string())),
+    }, schema=tables["scopes"])
     if transitions is None:
         transitions = pd.DataFrame(columns=tables["transitions"].names)
     for name, frame in (("transitions", transitions),
@@ -207,6 +223,17 @@ def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame
     frame = to_pandas(_arrow_table(Path(path), table, run_id))
     frame.insert(1, "run_id", pd.Series([run_id] * len(frame), dtype="str"))
     return frame
+
+
+def read_scopes(path: str | os.PathLike, run_id: str) -> list[Scope]:
+    """The computations and spans of one run, oldest first (none before version 3)."""
+    root = Path(path)
+    if not _table_file(root, "scopes", run_id).is_file():
+        return []
+    frame = to_pandas(_arrow_table(root, "scopes", run_id))
+    return [Scope(str(row.kind), row.id, row.name, float(row.start), float(row.stop),
+                  frozenset(row.groups), row.parent if isinstance(row.parent, str) else None)
+            for row in frame.itertuples(index=False)]
 
 
 def read_dataset(path: str | os.PathLike, run_id: str | None = None) -> PAG:

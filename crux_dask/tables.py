@@ -62,6 +62,11 @@ def schemas() -> dict[str, Any]:
             ("state_id", pa.int64()), ("requested", pa.float64()),
             ("received", pa.float64()), ("runnable", pa.float64()),
         ]),
+        "scopes": pa.schema([
+            ("kind", text), ("id", pa.string()), ("name", pa.string()),
+            ("parent", pa.string()), ("start", pa.float64()), ("stop", pa.float64()),
+            ("groups", pa.list_(pa.string())),
+        ]),
         "wcp": pa.schema([
             ("step", pa.int64()), ("via", text), ("mutation_id", pa.int64()),
             ("cause_id", pa.int64()), ("kind", text), ("category", text),

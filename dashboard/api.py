@@ -8,8 +8,10 @@ as a bearer token; each applies its own state at once, so that its id can be
 returned.
 
 Handlers use only the plugin's public interface: ``builder`` (read),
-``stats()``, ``add_external()``, ``count_http_write()``, ``http_token`` and
-``http_max_body``.
+``stats()``, ``scopes()``, ``snapshot()``, ``add_external()``,
+``count_http_write()``, ``http_token`` and ``http_max_body``.  The path of one
+computation or span, and the table of them, are computed off the event loop
+on a copy of the graph.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tornado import web
+from tornado.ioloop import IOLoop
 
+from crux_dask.plugins.scopes import group_of
+from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
 from crux_dask.wcp import METHODS
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from crux_dask.path import CriticalPath
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
     from crux_dask.store import PAGStore
 
@@ -294,14 +300,35 @@ def _check_body(body: dict, kind: str, sources: bool) -> dict:
 
 
 class WCPHandler(CruxHandler):
-    def get(self) -> None:
-        self.respond(self._wcp)
+    async def get(self) -> None:
+        if self.get_argument("computation", None) is None and self.get_argument(
+                "span", None) is None:
+            self.respond(self._wcp)
+            return
+        try:  # one computation or span: computed off the event loop, on a copy
+            method = self.method()
+            scope = select(self.plugin.scopes(), self.number("computation", int),
+                           self.get_argument("span", None))
+        except BadParameter as error:
+            self.fail(400, str(error), error.parameter)
+            return
+        except ValueError as error:
+            self.fail(400, str(error), "span" if "span" in str(error) else "computation")
+            return
+        store, _ = self.plugin.snapshot()
+        path = await IOLoop.current().run_in_executor(None, lambda: scope_path(
+            store, scope, key_groups(store, group_of), method))
+        self.finish(json.dumps(_path(method, path), default=_plain))
 
-    def _wcp(self) -> dict:
+    def method(self) -> str:
         method = self.get_argument("method", "observed")
         if method not in METHODS:
             raise BadParameter("method", f"method must be one of {', '.join(METHODS)}, "
                                          f"got {method!r}")
+        return method
+
+    def _wcp(self) -> dict:
+        method = self.method()
         start, end = self.state("start"), self.state("end")
         builder = self.plugin.builder
         from crux_dask.wcp import critical_path
@@ -310,8 +337,21 @@ class WCPHandler(CruxHandler):
             path = critical_path(builder.store, start, end, method, default_end=builder.end)
         except ValueError as error:
             raise BadParameter("start" if start is not None else "end", str(error)) from None
-        return {"method": method, "length": path.length, "breakdown": path.breakdown,
-                "states": _records(path.states), "steps": _records(path.to_frame())}
+        return _path(method, path)
+
+
+def _path(method: str, path: CriticalPath) -> dict:
+    return {"method": method, "length": path.length, "breakdown": path.breakdown,
+            "states": _records(path.states), "steps": _records(path.to_frame())}
+
+
+class ComputationsHandler(CruxHandler):
+    async def get(self) -> None:
+        scopes = self.plugin.scopes()
+        store, _ = self.plugin.snapshot()
+        table = await IOLoop.current().run_in_executor(None, lambda: scopes_frame(
+            store, scopes, key_groups(store, group_of)))
+        self.finish(json.dumps({"computations": _records(table)}, default=_plain))
 
 
 class StatsHandler(CruxHandler):
@@ -334,6 +374,7 @@ def routes(plugin: CruxSchedulerPlugin, prefix: str = "/") -> list[tuple]:
         (f"{base}/mutations", MutationsHandler, options),
         (rf"{base}/mutations/([a-zA-Z]+)", MutationWriteHandler, options),
         (f"{base}/wcp", WCPHandler, options),
+        (f"{base}/computations", ComputationsHandler, options),
         (f"{base}/stats", StatsHandler, options),
         (rf"{base}/(.*)", NotFoundHandler, options),
     ]

@@ -22,6 +22,7 @@ _EXPORTS = {
     "attach": "crux_dask.plugins.api",
     "export_parquet": "crux_dask.plugins.api",
     "flush": "crux_dask.plugins.api",
+    "get_computations": "crux_dask.plugins.api",
     "get_pag": "crux_dask.plugins.api",
     "get_stats": "crux_dask.plugins.api",
     "get_wcp": "crux_dask.plugins.api",

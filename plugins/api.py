@@ -14,8 +14,10 @@ import distributed
 import crux_dask
 from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+from crux_dask.plugins.scopes import group_of
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import write_dataset
+from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
     from crux_dask.wcp import CriticalPath
 
-__all__ = ["attach", "flush", "get_pag", "get_stats", "get_wcp"]
+__all__ = ["attach", "flush", "get_computations", "get_pag", "get_stats", "get_wcp"]
 
 
 def attach(client: Client, **worker_options: Any) -> Any:
@@ -67,20 +69,68 @@ async def _get_pag(client: Client) -> PAG:
 
 
 def get_wcp(client: Client, start: int | None = None, end: int | None = None,
-            method: str = "observed") -> Any:
+            method: str = "observed", *, computation: int | None = None,
+            span: str | None = None) -> Any:
     """The workflow critical path recorded so far (a :class:`~crux_dask.CriticalPath`).
 
-    Parameters are those of :meth:`crux_dask.PAG.wcp`; the path is computed on
-    the scheduler and only its steps travel.
+    Parameters
+    ----------
+    client : distributed.Client
+    start, end, method
+        As for :meth:`crux_dask.PAG.wcp`.
+    computation : int, optional
+        The path of one computation: its index in :func:`get_computations`'
+        computations (``-1``: the latest).
+    span : str, optional
+        The path of one span (and its children): its id, its name (tags
+        joined by ``/``) or its last tag; the newest span of that name.
+
+    The path is computed on the scheduler and only its steps travel.  The path
+    of a computation or span ends at the last state its tasks made and starts
+    when it was submitted; its steps have a column ``in_scope``, false for a
+    step that goes through a task of another one (data it persisted, a
+    thread it held).
+
+    Raises
+    ------
+    ValueError
+        For both ``computation`` and ``span``, or either with ``start`` or
+        ``end``; for a computation or span that is not known.
     """
-    return client.sync(_get_wcp, client, start, end, method)
+    if computation is not None or span is not None:
+        if computation is not None and span is not None:
+            raise ValueError("give computation or span, not both")
+        if start is not None or end is not None:
+            raise ValueError("start and end do not apply to a computation or span")
+    return client.sync(_get_wcp, client, start, end, method, computation, span)
 
 
-async def _get_wcp(client: Client, start: int | None, end: int | None, method: str
-                   ) -> CriticalPath:
+async def _get_wcp(client: Client, start: int | None, end: int | None, method: str,
+                   computation: int | None = None, span: str | None = None) -> CriticalPath:
     await _flush(client)
-    return await client.run_on_scheduler(_wcp_on_scheduler, start=start, end=end,
-                                         method=method)
+    if computation is None and span is None:
+        return await client.run_on_scheduler(_wcp_on_scheduler, start=start, end=end,
+                                             method=method)
+    return await client.run_on_scheduler(_scope_wcp_on_scheduler, method=method,
+                                         computation=computation, span=span)
+
+
+def get_computations(client: Client) -> Any:
+    """One row per computation and per span recorded, oldest first (a DataFrame).
+
+    Columns: ``kind`` (``computation`` or ``span``), ``id``, ``name`` (a
+    span's tags joined by ``/``; a computation's line of code where Dask
+    recorded it, else its task prefixes), ``parent`` (a span's parent span),
+    ``start`` (submitted), ``stop`` (its last task done), ``makespan``,
+    ``tasks`` (states its tasks computed), ``path_length`` and
+    ``top_categories`` of its critical path (see :func:`get_wcp`).
+    """
+    return client.sync(_get_computations, client)
+
+
+async def _get_computations(client: Client) -> Any:
+    await _flush(client)
+    return await client.run_on_scheduler(_computations_on_scheduler)
 
 
 def get_stats(client: Client) -> Any:
@@ -109,7 +159,8 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    stores, end, transitions, stats = await client.run_on_scheduler(_export_on_scheduler)
+    stores, end, transitions, stats, scopes = await client.run_on_scheduler(
+        _export_on_scheduler)
     info = await client.scheduler.identity()
     workers = info.get("workers", {})
     metadata = {
@@ -126,7 +177,8 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     }
     pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions)
+    return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions,
+                                      scopes)
 
 
 # -- run on the cluster ---------------------------------------------------------
@@ -156,12 +208,32 @@ def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
     return critical_path(builder.store, start, end, method, default_end=builder.end)
 
 
+async def _computations_on_scheduler(dask_scheduler: Any) -> Any:
+    plugin = _plugin(dask_scheduler)
+    scopes = plugin.scopes()
+    store, _ = plugin.snapshot()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, lambda: scopes_frame(
+        store, scopes, key_groups(store, group_of)))
+
+
+async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation: int | None,
+                                  span: str | None) -> CriticalPath:
+    plugin = _plugin(dask_scheduler)
+    scope = select(plugin.scopes(), computation, span)
+    store, _ = plugin.snapshot()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, lambda: scope_path(
+        store, scope, key_groups(store, group_of), method))
+
+
 async def _export_on_scheduler(dask_scheduler: Any) -> tuple:
     plugin = _plugin(dask_scheduler)
     loop = asyncio.get_running_loop()
     spooled = await loop.run_in_executor(None, plugin.spooled_stores)
     store, end = plugin.snapshot()
-    return [*spooled, store], end, plugin.transitions_frame(), plugin.stats()
+    return ([*spooled, store], end, plugin.transitions_frame(), plugin.stats(),
+            plugin.scopes())
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from distributed import Scheduler
 
     from crux_dask.pag import PAG
+    from crux_dask.scopes import Scope
     from crux_dask.store import PAGStore
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     -----
     The dashboard uses only :attr:`builder` (to read it), :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
-    :meth:`read_spooled`, :attr:`http_token` and :attr:`http_max_body`.
+    :meth:`read_spooled`, :meth:`scopes`, :meth:`snapshot`, :attr:`http_token` and
+    :attr:`http_max_body`.
     """
 
     name = PLUGIN_NAME
@@ -241,6 +243,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def spooled_stores(self) -> list[PAGStore]:
         """Every spooled segment, read back; blocks, so call it off the event loop."""
         return self.spool.stores()
+
+    def scopes(self) -> list[Scope]:
+        """The computations and spans the scheduler remembers, oldest first."""
+        from crux_dask.plugins.scopes import computations, spans
+
+        return computations(self.scheduler) + spans(self.scheduler)
 
     def snapshot(self) -> tuple[PAGStore, int]:
         """A copy of the graph applied so far and its end state."""

@@ -1,0 +1,72 @@
+"""The scheduler's computations and spans, as :class:`~crux_dask.scopes.Scope` objects.
+
+Every ``compute`` or ``persist`` is a computation (``Scheduler.computations``,
+the newest ``distributed.diagnostics.computations.max-history``); stages a user
+marks with ``distributed.span`` are spans, which nest.  Both name their task
+groups, which is how the graph's states are matched to them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from distributed.utils import key_split_group
+
+from crux_dask.scopes import Scope
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+__all__ = ["computations", "group_of", "spans"]
+
+#: A key's task group, as the scheduler names it.
+group_of = key_split_group
+
+
+def computations(scheduler: Scheduler) -> list[Scope]:
+    """The computations the scheduler remembers, oldest first.
+
+    Each is named by the line of code that submitted it, where Dask recorded
+    it (``distributed.diagnostics.computations.nframes`` > 0), else by its
+    task prefixes.
+    """
+    return [Scope("computation", str(c.id), _code_line(c.code) or _prefixes(c.groups),
+                  c.start, c.stop, frozenset(tg.name for tg in c.groups))
+            for c in scheduler.computations if c.groups]
+
+
+def spans(scheduler: Scheduler) -> list[Scope]:
+    """Every span the scheduler knows, parents before their children."""
+    extension = scheduler.extensions.get("spans")
+    if extension is None:
+        return []
+    found = []
+    for span in extension.spans.values():
+        groups = frozenset(tg.name for tg in span.traverse_groups())
+        if not groups:
+            continue
+        parent = span.parent
+        found.append(Scope("span", str(span.id), "/".join(map(str, span.name)),
+                           span.enqueued, span.stop, groups,
+                           None if parent is None else str(parent.id)))
+    return found
+
+
+def _prefixes(groups: Any, most: int = 3) -> str:
+    """The task prefixes of ``groups``, those with most tasks first."""
+    tasks: dict[str, int] = {}
+    for tg in groups:
+        tasks[tg.prefix.name] = tasks.get(tg.prefix.name, 0) + sum(tg.states.values())
+    names = sorted(tasks, key=lambda name: (-tasks[name], name))
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
+def _code_line(code: Any) -> str:
+    """The line that submitted a computation: the innermost of the code Dask recorded."""
+    for snippets in reversed(list(code or ())):
+        for snippet in reversed(snippets):
+            lines = str(getattr(snippet, "code", "")).splitlines()
+            number = getattr(snippet, "lineno_relative", 0)
+            if 0 < number <= len(lines) and lines[number - 1].strip():
+                return lines[number - 1].strip()
+    return ""

@@ -15,6 +15,7 @@ and such steps say so (``in_scope`` is false).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,8 +27,8 @@ from crux_dask.path import CATEGORIES, CriticalPath
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
 
-__all__ = ["SCOPE_COLUMNS", "Scope", "key_groups", "members", "scope_path", "scopes_frame",
-           "select"]
+__all__ = ["SCOPE_COLUMNS", "KeyGroups", "Scope", "key_groups", "members", "scope_path",
+           "scopes_frame", "select"]
 
 #: Columns of :func:`scopes_frame`.
 SCOPE_COLUMNS = ("kind", "id", "name", "parent", "start", "stop", "makespan", "tasks",
@@ -82,8 +83,9 @@ def key_groups(store: PAGStore, group_of: Callable[[str], str]) -> np.ndarray:
     ``group_of`` names a key's group as the scheduler does
     (``distributed.utils.key_split_group``).
     """
-    return np.array([group_of(key) for key in store.keys.values] or [""], object)[
-        :len(store.keys)]
+    groups = np.empty(len(store.keys), object)
+    groups[:] = [group_of(key) for key in store.keys.values]
+    return groups
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,33 @@ class Scope:
     stop: float
     groups: frozenset[str]
     parent: str | None = None
+
+
+class KeyGroups:
+    """:func:`key_groups` of graphs that grow, each key's group found once.
+
+    Parameters
+    ----------
+    group_of : callable
+        The task group of a key.
+    """
+
+    def __init__(self, group_of: Callable[[str], str]) -> None:
+        self.group_of = group_of
+        self._known: weakref.WeakKeyDictionary[PAGStore, np.ndarray] = (
+            weakref.WeakKeyDictionary())
+
+    def __call__(self, store: PAGStore) -> np.ndarray:
+        """The task group of every key of ``store``, by key code."""
+        known = self._known.get(store)
+        keys = store.keys.values
+        if known is None or len(known) < len(keys):
+            done = 0 if known is None else len(known)
+            fresh = np.empty(len(keys) - done, object)
+            fresh[:] = [self.group_of(key) for key in keys[done:]]
+            known = fresh if known is None else np.concatenate([known, fresh])
+            self._known[store] = known
+        return known[:len(keys)]
 
 
 def members(store: PAGStore, scope: Scope, groups: np.ndarray,

@@ -11,6 +11,8 @@ from distributed.dashboard.components import DashboardComponent
 from distributed.utils import log_errors
 
 from crux_dask.pag import PAG
+from crux_dask.plugins.scopes import group_of
+from crux_dask.scopes import KeyGroups, Scope, scope_path
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
 
@@ -20,11 +22,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class PathSelection:
-    """Which critical path a page shows: between two states, by a method."""
+    """Which critical path a page shows: between two states, by a method, or of one scope.
+
+    With ``scope`` (a computation or span), ``start`` and ``end`` do not apply.
+    """
 
     start: int | None = None
     end: int | None = None
     method: str = "observed"
+    scope: Scope | None = None
+
+
+#: The task group of each key of the graphs shown, found once per key.
+key_groups = KeyGroups(group_of)
 
 
 @dataclass
@@ -45,14 +55,25 @@ class GraphView:
     def version(self) -> tuple:
         chosen = self.selection or PathSelection()
         return (self.store.run_id, self.store.n_states, self.store.n_mutations, self.end,
-                chosen.start, chosen.end, chosen.method)
+                chosen.start, chosen.end, chosen.method,
+                None if chosen.scope is None else chosen.scope.id)
 
     def wcp(self) -> CriticalPath:
-        """The selected critical path (the observed one to the end state by default)."""
+        """The selected critical path (the observed one to the end state by default).
+
+        Raises
+        ------
+        ValueError
+            If the scope selected has no state in this graph.
+        """
         if self._path is None:
             chosen = self.selection or PathSelection()
-            self._path = critical_path(self.store, chosen.start, chosen.end, chosen.method,
-                                       default_end=self.end)
+            if chosen.scope is not None:
+                self._path = scope_path(self.store, chosen.scope, key_groups(self.store),
+                                        chosen.method)
+            else:
+                self._path = critical_path(self.store, chosen.start, chosen.end,
+                                           chosen.method, default_end=self.end)
         return self._path
 
 

@@ -24,6 +24,7 @@ from crux_dask.dashboard.data import (
     Runs,
     Source,
     chosen_source,
+    key_groups,
     live_source,
     selected_source,
 )
@@ -32,6 +33,7 @@ from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.timeline import WCPTimeline
+from crux_dask.scopes import Scope, scope_path
 from crux_dask.wcp import METHODS, critical_path
 
 if TYPE_CHECKING:
@@ -58,8 +60,11 @@ def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) ->
         add_periodic_callback(doc, component, UPDATE_INTERVAL)
     selector = RunSelector(runs, choice, components)
     add_periodic_callback(doc, selector, UPDATE_INTERVAL)
+    scopes = ScopeSelector(runs.plugin, selected, selection, components)
+    add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
     doc.title = "Dask: Crux"
-    doc.add_root(column(row(selector.root, path_controls(selected, selection, components)),
+    doc.add_root(column(row(selector.root, scopes.root,
+                            path_controls(selected, selection, components)),
                         layout, sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
@@ -111,6 +116,62 @@ class RunSelector(DashboardComponent):
             self.message.text = text
 
 
+class ScopeSelector(DashboardComponent):
+    """Whose path the page shows: the whole run, or one computation or span.
+
+    ``source`` lists the choices (``value``, ``label``); :meth:`update`
+    (periodic) adds computations and spans as the scheduler records them.  A
+    choice with no state in the graph shown leaves the page as it was and
+    says why.
+    """
+
+    def __init__(self, plugin: CruxSchedulerPlugin, data: Source, selection: PathSelection,
+                 components: list[Component]) -> None:
+        super().__init__()
+        self.plugin, self.data, self.selection = plugin, data, selection
+        self.components = components
+        self.scopes: dict[str, Scope] = {}
+        options = self._options()
+        self.source = ColumnDataSource(_run_columns(options))
+        self.select = Select(title="computation or span", options=options, value="",
+                             width=300, name="crux-scope")
+        self.message = Div(text="", name="crux-scope-message")
+        self.root = column(self.select, self.message)
+        self.select.on_change("value", self._chosen)
+
+    def _options(self) -> list[tuple[str, str]]:
+        self.scopes = {f"{s.kind}:{s.id}": s for s in self.plugin.scopes()}
+        return [("", "the whole run")] + [(value, f"{s.kind}: {s.name}"[:60])
+                                          for value, s in self.scopes.items()]
+
+    @log_errors
+    def _chosen(self, attr: str, old: str, new: str) -> None:
+        scope = self.scopes.get(new)
+        chosen = PathSelection(method=self.selection.method, scope=scope)
+        if scope is not None:
+            try:
+                scope_path(self.data().store, scope, key_groups(self.data().store),
+                           chosen.method)
+            except ValueError as error:
+                self.message.text = f"<b>{html.escape(str(error))}</b>"
+                return
+        self.message.text = ""
+        self.selection.scope = scope
+        if scope is not None:
+            self.selection.start = self.selection.end = None
+        for component in self.components:
+            component.update()
+
+    @log_errors
+    def update(self) -> None:
+        """List the computations and spans, if they changed."""
+        options = self._options()
+        columns = _run_columns(options)
+        if columns != dict(self.source.data):
+            self.source.data = columns
+            self.select.options = options
+
+
 def _run_columns(options: list[tuple[str, str]]) -> dict[str, list[str]]:
     return {"value": [value for value, _ in options], "label": [label for _, label in options]}
 
@@ -129,10 +190,14 @@ def path_controls(data: Source, selection: PathSelection, components: list[Compo
     def changed(attr: str, old: Any, new: Any) -> None:
         try:
             chosen = PathSelection(_state_id(start.value, "from"), _state_id(end.value, "to"),
-                                   method.value)
+                                   method.value, selection.scope)
+            if chosen.scope is not None and (chosen.start, chosen.end) != (None, None):
+                raise ValueError("from and to do not apply to a computation or span: "
+                                 "choose the whole run first")
             view = data()
-            critical_path(view.store, chosen.start, chosen.end, chosen.method,
-                          default_end=view.end)
+            if chosen.scope is None:
+                critical_path(view.store, chosen.start, chosen.end, chosen.method,
+                              default_end=view.end)
         except ValueError as error:
             message.text = f"<b>{html.escape(str(error))}</b>"
             return

@@ -9,11 +9,15 @@ from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColu
 from crux_dask.dashboard.data import Component, GraphView, Source
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "scheduling",
-           "queued", "wait")
+           "queued", "wait", "scope")
 
 
 class StepsTable(Component):
-    """One row per step of the observed critical path."""
+    """One row per step of the critical path selected.
+
+    On the path of one computation or span, ``scope`` says ``another`` for a
+    step through a task of another one (data it persisted, a thread it held).
+    """
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -32,8 +36,12 @@ class StepsTable(Component):
                         width=80),
             TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),
             TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
+            TableColumn(field="scope", title="scope", width=70),
         ], **kwargs)
 
     def render(self, view: GraphView) -> None:
         steps = view.wcp().to_frame()
-        self.source.data = {c: steps[c].tolist() for c in COLUMNS}
+        scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
+                 else [""] * len(steps))
+        self.source.data = {**{c: steps[c].tolist() for c in COLUMNS[:-1]},
+                            "scope": list(scope)}

@@ -125,6 +125,46 @@ async def test_path_selection_between_two_states(c, s, a, b):
     assert selection.end == ids["right"]  # a bad entry leaves the page as it was
 
 
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
+async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
+    import distributed
+
+    from crux_dask.dashboard.data import PathSelection, selected_source
+    from crux_dask.dashboard.pages import ScopeSelector
+    from crux_dask.scopes import Scope
+
+    await crux_dask.attach(c)
+    with distributed.span("first"):
+        await c.compute(diamond())
+    with distributed.span("second"):
+        await c.compute(dask.delayed(sum)([dask.delayed(len)("ab", dask_key_name="two")],
+                                          dask_key_name="again"))
+    await crux_dask.flush(c)
+    selection = PathSelection()
+    data = selected_source(live_source(s.plugins["crux"]), selection)
+    steps = StepsTable(data)
+    steps.update()
+    selector = ScopeSelector(s.plugins["crux"], data, selection, [steps])
+    labels = dict(selector.select.options)
+    assert {"span: first", "span: second"} <= set(labels.values())
+    whole = list(steps.source.data["key"])
+    for name in ("first", "second"):
+        value = next(v for v, label in labels.items() if label == f"span: {name}")
+        selector.select.value = value
+        expected = await crux_dask.get_wcp(c, span=name)
+        assert steps.source.data["key"] == expected.to_frame()["key"].tolist()
+        assert set(steps.source.data["scope"]) <= {"this", "another"}
+        assert selector.message.text == ""
+    assert steps.source.data["key"] != whole
+    selector.select.value = ""
+    assert steps.source.data["key"] == whole and set(steps.source.data["scope"]) == {""}
+    # A choice with no state in the graph shown says so and changes nothing.
+    selector.scopes["nowhere"] = Scope("span", "x", "nowhere", 0.0, 1.0, frozenset({"nope"}))
+    selector.select.value = "nowhere"
+    assert "no state of the graph belongs" in selector.message.text
+    assert selection.scope is None and steps.source.data["key"] == whole
+
+
 def test_overview_stays_within_its_glyph_budget():
     b = PAGBuilder()
     b.root(0.0)
@@ -300,6 +340,43 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
                 return null;""")
             assert runs == [""]  # only the run being recorded: nothing was spooled
             driver.save_screenshot(str(tmp_path / "crux-tab.png"))
+            assert console_errors(driver) == []
+    finally:
+        driver.quit()
+
+
+def test_browser_switches_the_path_to_one_span(tmp_path):
+    import distributed
+    from distributed import Client, LocalCluster
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser()
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+            crux_dask.attach(c)
+            with distributed.span("first"):
+                dask.compute(diamond())
+            with distributed.span("second"):
+                dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
+            whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
+            assert len(whole) != len(first)
+            driver.get(f"http://127.0.0.1:{cluster.scheduler.http_server.port}/crux")
+            assert rendered_bars(driver) == len(whole)
+            chosen = driver.execute_script("""
+                for (const doc of Bokeh.documents) {
+                    const select = doc.get_model_by_name('crux-scope');
+                    if (select) {
+                        const option = select.options.find((o) => o[1] === 'span: first');
+                        select.value = option[0];
+                        return option[0];
+                    }
+                }
+                return null;""")
+            assert chosen and chosen.startswith("span:")
+            WebDriverWait(driver, 30, poll_frequency=0.25).until(
+                lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+            driver.save_screenshot(str(tmp_path / "crux-span.png"))
             assert console_errors(driver) == []
     finally:
         driver.quit()

@@ -1,32 +1,47 @@
-"""The whole graph, aggregated: task groups × location classes, critical path highlighted.
+"""The whole graph as a map of task groups, in layers, with the critical path over it.
+
+A node is a task group (every state of a key counts for its key's group:
+computed, moved, spilled or released), sized by its data volume; an edge
+counts the mutations from one group to another, and a group sits one layer to
+the right of the deepest group it takes data from.  Groups the path goes
+through are coloured by where the path's time in them went (its busy
+categories, scheduling, queued, wait) and joined by the path's own edges;
+the others are grey.
 
 Each update folds in only the states and mutations added since the last one,
-and the figure shows at most ``max_groups`` nodes and ``max_edges`` edges, so
-neither the server's work nor the browser's depends on the size of the graph.
+and the figure shows at most ``max_groups`` nodes (those on the path first,
+then the largest) and ``max_edges`` edges, so neither the server's work nor
+the browser's depends on the size of the graph.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
+from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.utils import log_errors
 
-from crux_dask.dashboard.data import Component, GraphView, Source
-from crux_dask.model import location_class
+from crux_dask.dashboard.data import Component, GraphView, Source, key_groups
+from crux_dask.path import CATEGORIES, CriticalPath
 from crux_dask.store import PAGStore
 
-CLASSES = ["root", "client", "file", "disk", "memory"]
-_CLASS_CODE = {name: i for i, name in enumerate(CLASSES)}
 DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
+NODE_COLUMNS = ("x", "y", "group", "label", "count", "bytes", "radius", "color", "dominant",
+                "on_path")
+#: A colour per category of the path's time; groups off the path are grey.
+CATEGORY_COLORS = dict(zip(CATEGORIES, Category10[10]))
+OFF_PATH = "#c7c7c7"
 
 
 class PAGOverview(Component):
-    """Nodes are (task prefix, location class) groups; edges count the mutations between them."""
+    """The task-group map: nodes are task groups in layers, edges count mutations."""
 
     def __init__(self, data: Source, max_groups: int = 150, max_edges: int = 300,
                  max_details: int = 500, **kwargs: Any) -> None:
@@ -36,22 +51,27 @@ class PAGOverview(Component):
         self.max_details = max_details
         self._run_id: str | None = None
         self._reset()
-        self.source = ColumnDataSource({c: [] for c in (
-            "x", "y", "group", "label", "klass", "count", "bytes", "radius", "color")})
+        self.source = ColumnDataSource({c: [] for c in NODE_COLUMNS})
         self.edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1", "count",
                                                        "alpha")})
-        self.figure = figure(title="Program activity graph by task group and location "
+        self.path_edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1")})
+        self.figure = figure(title="Task groups in layers, the critical path over them "
                              "(click a group for its states)",
-                             y_range=CLASSES, x_axis_label="first seen (s)",
-                             name="crux-overview", height=320,
+                             x_axis_label="layer (data flows left to right)",
+                             name="crux-overview", height=360,
                              tools="pan,wheel_zoom,tap,reset", **kwargs)
+        self.figure.yaxis.visible = False
+        self.figure.ygrid.visible = False
         self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
                             line_color="#888888")
+        self.figure.segment("x0", "y0", "x1", "y1", source=self.path_edges,
+                            line_color="#d62728", line_width=3, name="crux-overview-path")
         nodes = self.figure.scatter("x", "y", size="radius", color="color",
-                                    source=self.source, fill_alpha=0.7,
+                                    source=self.source, fill_alpha=0.85, line_color="#333333",
                                     name="crux-overview-nodes")
         self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
-            ("group", "@label @klass"), ("states", "@count"), ("bytes", "@bytes{0.0 b}")]))
+            ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
+            ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
         self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
         self.table = DataTable(source=self.details, height=200, index_position=None,
                                name="crux-overview-states",
@@ -64,11 +84,13 @@ class PAGOverview(Component):
     def _reset(self) -> None:
         self._states_seen = 0
         self._mutations_seen = 0
-        self._class_of_location: list[int] = []
-        self._count: dict[int, int] = {}
-        self._bytes: dict[int, int] = {}
+        self._names: list[str] = []  # group code -> name
+        self._code: dict[str, int] = {}  # group name -> code
+        self._key_group = np.zeros(0, np.int64)  # key code -> group code
+        self._count: dict[int, int] = defaultdict(int)
+        self._bytes: dict[int, int] = defaultdict(int)
         self._first: dict[int, float] = {}
-        self._edge_count: dict[tuple[int, int], int] = {}
+        self._edge_count: dict[tuple[int, int], int] = defaultdict(int)
 
     def render(self, view: GraphView) -> None:
         store = view.store
@@ -77,13 +99,17 @@ class PAGOverview(Component):
             self._reset()
         self._fold_in(store)
         self._store = store
-        self._publish(store, view)
+        self._publish(view.wcp())
 
+    # -- aggregation ----------------------------------------------------------------
     def _fold_in(self, store: PAGStore) -> None:
-        """Add the states and mutations that are new since the last update."""
-        locations = store.locations.values
-        for name in locations[len(self._class_of_location):]:
-            self._class_of_location.append(_CLASS_CODE.get(location_class(name), 4))
+        """Add the keys, states and mutations that are new since the last update."""
+        names = key_groups(store)
+        if len(names) > len(self._key_group):
+            fresh = [self._code.setdefault(name, len(self._code))
+                     for name in names[len(self._key_group):].tolist()]
+            self._names.extend(list(self._code)[len(self._names):])
+            self._key_group = np.concatenate([self._key_group, np.array(fresh, np.int64)])
         lo, hi = self._states_seen, store.n_states
         if hi > lo:
             ids = np.arange(lo, hi)
@@ -95,8 +121,8 @@ class PAGOverview(Component):
             sizes = np.bincount(inverse, weights=size)
             for g, i, c, b in zip(uniques.tolist(), first.tolist(), counts.tolist(),
                                   sizes.tolist()):
-                self._count[g] = self._count.get(g, 0) + c
-                self._bytes[g] = self._bytes.get(g, 0) + int(b)
+                self._count[g] += c
+                self._bytes[g] += int(b)
                 self._first.setdefault(g, float(time[i]))
             self._states_seen = hi
         lo, hi = self._mutations_seen, store.n_mutations
@@ -104,15 +130,106 @@ class PAGOverview(Component):
             ids = np.arange(lo, hi)
             src = self._groups(store, store.column("mutation_src", ids))
             dst = self._groups(store, store.column("mutation_dst", ids))
-            pairs, counts = np.unique(np.stack([src, dst], axis=1), axis=0, return_counts=True)
+            between = src != dst
+            pairs, counts = np.unique(np.stack([src[between], dst[between]], axis=1), axis=0,
+                                      return_counts=True)
             for (a, b), c in zip(pairs.tolist(), counts.tolist()):
-                self._edge_count[(a, b)] = self._edge_count.get((a, b), 0) + c
+                self._edge_count[(a, b)] += c
             self._mutations_seen = hi
 
     def _groups(self, store: PAGStore, states: np.ndarray) -> np.ndarray:
-        label = store.column("key_label", store.column("state_key", states))
-        klass = np.asarray(self._class_of_location)[store.column("state_location", states)]
-        return label.astype("int64") * len(CLASSES) + klass
+        return self._key_group[store.column("state_key", states)]
+
+    def layers(self) -> dict[int, int]:
+        """Each group's layer: one more than the deepest group it takes data from.
+
+        Groups that take data from each other round a cycle are placed after
+        the layers found so far.
+        """
+        incoming: dict[int, list[int]] = defaultdict(list)
+        waiting = {g: 0 for g in self._count}
+        for a, b in self._edge_count:
+            if a in waiting and b in waiting:
+                incoming[b].append(a)
+                waiting[b] += 1
+        outgoing: dict[int, list[int]] = defaultdict(list)
+        for b, sources in incoming.items():
+            for a in sources:
+                outgoing[a].append(b)
+        layer = {}
+        ready = [g for g, n in waiting.items() if n == 0]
+        while ready:
+            g = ready.pop()
+            layer[g] = max((layer[a] + 1 for a in incoming[g] if a in layer), default=0)
+            for b in outgoing[g]:
+                waiting[b] -= 1
+                if waiting[b] == 0:
+                    ready.append(b)
+        deepest = max(layer.values(), default=-1)
+        for g in waiting:
+            layer.setdefault(g, deepest + 1)
+        return layer
+
+    # -- drawing --------------------------------------------------------------------
+    def _publish(self, path: CriticalPath) -> None:
+        store = self._store
+        steps = path.steps
+        on_path: dict[int, dict[str, float]] = {}
+        sequence: list[int] = []
+        if len(steps):
+            groups = self._groups(store, steps["dst"].to_numpy())
+            visited, where = np.unique(groups, return_inverse=True)
+            # Seconds of each group on the path, by category: busy parts, then the gaps.
+            seconds = np.zeros((len(visited), len(CATEGORIES)))
+            column = {c: i for i, c in enumerate(CATEGORIES)}
+            np.add.at(seconds, (where, steps["category"].map(column).to_numpy()),
+                      steps["busy"].to_numpy())
+            for part in ("scheduling", "queued", "wait"):
+                seconds[:, column[part]] += np.bincount(where, steps[part].to_numpy(),
+                                                        len(visited))
+            on_path = {g: dict(zip(CATEGORIES, row))
+                       for g, row in zip(visited.tolist(), seconds.tolist())}
+            first = self._groups(store, steps["src"].to_numpy()[:1])
+            chain = np.concatenate([first, groups])
+            sequence = chain[np.r_[True, chain[1:] != chain[:-1]]].tolist()
+        by_size = sorted(self._count, key=self._count.__getitem__, reverse=True)
+        shown = list(dict.fromkeys([*sequence, *by_size]))[: self.max_groups]
+        layer = self.layers()
+        rows: dict[int, list[int]] = defaultdict(list)
+        for g in sorted(shown, key=lambda g: self._first.get(g, 0.0)):
+            rows[layer[g]].append(g)
+        x, y = {}, {}
+        for depth, members in rows.items():
+            for i, g in enumerate(members):
+                x[g], y[g] = depth, i - (len(members) - 1) / 2
+        dominant = {g: max(seconds, key=seconds.__getitem__) for g, seconds in on_path.items()}
+        self.source.data = {
+            "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
+            "label": [self._names[g] for g in shown],
+            "count": [self._count[g] for g in shown],
+            "bytes": [self._bytes[g] for g in shown],
+            "radius": [8 + 3 * math.log10(max(self._bytes[g], 1)) for g in shown],
+            "color": [CATEGORY_COLORS[dominant[g]] if g in dominant else OFF_PATH
+                      for g in shown],
+            "dominant": [dominant.get(g, "") for g in shown],
+            "on_path": [sum(on_path[g].values()) if g in on_path else 0.0 for g in shown],
+        }
+        visible = set(shown)
+        edges = sorted(((c, e) for e, c in self._edge_count.items()
+                        if e[0] in visible and e[1] in visible), reverse=True)
+        edges = edges[: self.max_edges]
+        top = edges[0][0] if edges else 1
+        self.edges.data = {
+            "x0": [x[a] for _, (a, b) in edges], "y0": [y[a] for _, (a, b) in edges],
+            "x1": [x[b] for _, (a, b) in edges], "y1": [y[b] for _, (a, b) in edges],
+            "count": [c for c, _ in edges],
+            "alpha": [0.15 + 0.6 * c / top for c, _ in edges],
+        }
+        hops = [(a, b) for a, b in pairwise(sequence) if a in visible and b in visible]
+        self.path_edges.data = {
+            "x0": [x[a] for a, _ in hops], "y0": [y[a] for a, _ in hops],
+            "x1": [x[b] for _, b in hops], "y1": [y[b] for _, b in hops],
+        }
 
     @log_errors
     def _drill_down(self, attr: str, old: list, new: list) -> None:
@@ -130,35 +247,3 @@ class PAGOverview(Component):
         frame = store.states_frame(ids)
         return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
                 for c in DETAIL_COLUMNS}
-
-    def _publish(self, store: PAGStore, view: GraphView) -> None:
-        shown = sorted(self._count, key=self._count.__getitem__, reverse=True)
-        shown = shown[: self.max_groups]
-        on_path: set[int] = set()
-        path = view.wcp()
-        if len(path.states):
-            on_path = set(self._groups(store, path.states["state_id"].to_numpy()).tolist())
-        t0 = min(self._first.values()) if self._first else 0.0
-        labels = store.labels.values
-        x = {g: self._first[g] - t0 for g in shown}
-        y = {g: CLASSES[g % len(CLASSES)] for g in shown}
-        self.source.data = {
-            "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
-            "label": [labels[g // len(CLASSES)] for g in shown],
-            "klass": [y[g] for g in shown],
-            "count": [self._count[g] for g in shown],
-            "bytes": [self._bytes[g] for g in shown],
-            "radius": [6 + 3 * math.log10(self._count[g]) for g in shown],
-            "color": ["#d62728" if g in on_path else "#1f77b4" for g in shown],
-        }
-        visible = set(shown)
-        edges = [(c, e) for e, c in self._edge_count.items()
-                 if e[0] in visible and e[1] in visible and e[0] != e[1]]
-        edges = sorted(edges, reverse=True)[: self.max_edges]
-        top = edges[0][0] if edges else 1
-        self.edges.data = {
-            "x0": [x[a] for _, (a, b) in edges], "y0": [y[a] for _, (a, b) in edges],
-            "x1": [x[b] for _, (a, b) in edges], "y1": [y[b] for _, (a, b) in edges],
-            "count": [c for c, _ in edges],
-            "alpha": [0.15 + 0.6 * c / top for c, _ in edges],
-        }

@@ -6,8 +6,10 @@ import json
 import os
 import shutil
 import time
+from itertools import pairwise
 
 import dask
+import numpy as np
 import pytest
 from distributed.utils_test import async_poll_for, gen_cluster
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
@@ -16,7 +18,7 @@ import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import live_source, static_source
-from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable
@@ -86,10 +88,13 @@ async def test_components_show_the_critical_path(c, s, a, b):
     assert steps.source.data["kind"] == path.steps["kind"].tolist()
     assert dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"])) \
         == pytest.approx(path.breakdown)
-    on_path = [label for label, color in zip(overview.source.data["label"],
-                                             overview.source.data["color"])
-               if color == "#d62728"]
+    nodes = overview.source.data
+    on_path = {label for label, seconds in zip(nodes["label"], nodes["on_path"]) if seconds}
     assert "left" in on_path and "right" not in on_path
+    assert nodes["color"][nodes["label"].index("right")] == OFF_PATH
+    left = nodes["label"].index("left")
+    assert nodes["dominant"][left] == "compute"
+    assert nodes["color"][left] == CATEGORY_COLORS["compute"]
     # Drill down: a group's individual states.
     group = overview.source.data["group"][overview.source.data["label"].index("left")]
     states = overview.states_of(group)
@@ -174,6 +179,49 @@ def test_overview_stays_within_its_glyph_budget():
     overview.update()
     assert len(overview.source.data["x"]) == 50
     assert len(overview.edges.data["x0"]) <= 20
+
+
+def test_the_map_puts_each_task_group_one_layer_after_its_deepest_input():
+    import random
+
+    import networkx as nx
+
+    # A random DAG of task groups: each group's tasks read a task of some earlier groups.
+    rng = random.Random(7)
+    b = PAGBuilder()
+    b.root(0.0)
+    dag = nx.DiGraph()
+    clock = 1.0
+    for g in range(40):
+        inputs = rng.sample(range(g), min(g, rng.randint(0, 3)))
+        dag.add_node(f"g{g}")
+        dag.add_edges_from((f"g{i}", f"g{g}") for i in inputs)
+        for t in range(2):
+            b.compute(f"('g{g}', {t})", "tcp://w:1", 1, clock, clock + 0.01, 8,
+                      tuple(f"('g{i}', 0)" for i in inputs))
+            clock += 0.01
+    overview = PAGOverview(static_source(b.pag()))
+    overview.update()
+    layer = overview.layers()
+    names = overview._names
+    # Groups without inputs take their data from the graph's root, the first layer.
+    root = names[int(overview._groups(b.store, np.array([0]))[0])]
+    dag.add_edges_from((root, n) for n in list(dag) if dag.in_degree(n) == 0)
+    found = {names[g]: depth for g, depth in layer.items()}
+    expected = {n: depth for depth, generation in enumerate(nx.topological_generations(dag))
+                for n in generation}
+    assert found == expected
+    # The path is drawn group to group, from node to node, in its own order.
+    from distributed.utils import key_split_group
+
+    path_groups = [key_split_group(k) for k in b.pag().wcp().states["key"]]
+    visited = [g for i, g in enumerate(path_groups) if i == 0 or g != path_groups[i - 1]]
+    nodes = overview.source.data
+    where = {label: (x, y) for label, x, y in zip(nodes["label"], nodes["x"], nodes["y"])}
+    hops = overview.path_edges.data
+    assert list(zip(hops["x0"], hops["y0"], hops["x1"], hops["y1"])) == [
+        (*where[a], *where[b]) for a, b in pairwise(visited)]
+    assert len(visited) > 3
 
 
 def test_components_follow_the_dashboard_component_contract(caplog):

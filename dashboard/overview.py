@@ -28,16 +28,19 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.utils import log_errors
 
+from crux_dask.build.rules import key_label
 from crux_dask.dashboard.data import Component, GraphView, Source, key_groups
 from crux_dask.path import CATEGORIES, CriticalPath
 from crux_dask.store import PAGStore
 
 DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
-NODE_COLUMNS = ("x", "y", "group", "label", "count", "bytes", "radius", "color", "dominant",
-                "on_path")
+NODE_COLUMNS = ("x", "y", "group", "label", "name", "count", "bytes", "radius", "color",
+                "dominant", "on_path")
 #: A colour per category of the path's time; groups off the path are grey.
 CATEGORY_COLORS = dict(zip(CATEGORIES, Category10[10]))
 OFF_PATH = "#c7c7c7"
+#: What a group off the path is "mostly", in the legend and the hover.
+OFF_PATH_LABEL = "off the path"
 
 
 class PAGOverview(Component):
@@ -68,7 +71,11 @@ class PAGOverview(Component):
                             line_color="#d62728", line_width=3, name="crux-overview-path")
         nodes = self.figure.scatter("x", "y", size="radius", color="color",
                                     source=self.source, fill_alpha=0.85, line_color="#333333",
-                                    name="crux-overview-nodes")
+                                    legend_field="dominant", name="crux-overview-nodes")
+        self.figure.text("x", "y", text="name", source=self.source, text_font_size="8pt",
+                         text_align="center", y_offset=-12, text_color="#444444")
+        self.figure.legend.location = "top_left"
+        self.figure.legend.label_text_font_size = "8pt"
         self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
             ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
             ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
@@ -206,12 +213,13 @@ class PAGOverview(Component):
         self.source.data = {
             "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
             "label": [self._names[g] for g in shown],
+            "name": [key_label(self._names[g])[:20] for g in shown],
             "count": [self._count[g] for g in shown],
             "bytes": [self._bytes[g] for g in shown],
             "radius": [8 + 3 * math.log10(max(self._bytes[g], 1)) for g in shown],
             "color": [CATEGORY_COLORS[dominant[g]] if g in dominant else OFF_PATH
                       for g in shown],
-            "dominant": [dominant.get(g, "") for g in shown],
+            "dominant": [dominant.get(g, OFF_PATH_LABEL) for g in shown],
             "on_path": [sum(on_path[g].values()) if g in on_path else 0.0 for g in shown],
         }
         visible = set(shown)

@@ -424,6 +424,18 @@ def test_browser_switches_the_path_to_one_span(tmp_path):
             assert chosen and chosen.startswith("span:")
             WebDriverWait(driver, 30, poll_frequency=0.25).until(
                 lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+            # The map draws the span's path: one hop per change of task group along it.
+            from distributed.utils import key_split_group
+
+            groups = [key_split_group(k) for k in first.states["key"]]
+            hops = sum(a != b for a, b in pairwise(groups))
+            drawn = driver.execute_script("""
+                for (const doc of Bokeh.documents) {
+                    const path = doc.get_model_by_name('crux-overview-path');
+                    if (path) { return path.data_source.data.x0.length; }
+                }
+                return null;""")
+            assert drawn == hops > 0
             driver.save_screenshot(str(tmp_path / "crux-span.png"))
             assert console_errors(driver) == []
     finally:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from crux_dask.encoding import COMPUTE, DELETE, MOMENTS, NONE, OTHER, TRANSFER, encode
-from crux_dask.events import Compute, Delete, Event, Transfer
+from crux_dask.events import Compute, Delete, Event, Transfer, event_time
 
 __all__ = [
     "COLUMNS_FROM", "COMPUTE", "DELETE", "NONE", "OTHER", "TRANSFER", "EventColumns",
@@ -160,6 +160,29 @@ class EventColumns:
     def events(self) -> list[Event]:
         """Every event, as tuples."""
         return [self.event(i) for i in range(len(self))]
+
+    def take(self, order: np.ndarray) -> EventColumns:
+        """The events in the order ``order`` (a permutation of their positions)."""
+        counts = self.input_count[order]
+        starts = self.input_offset[:-1][order]
+        placed = np.cumsum(counts) - counts  # where each event's inputs start now
+        inputs = self.inputs[np.repeat(starts - placed, counts) + np.arange(int(counts.sum()))]
+        position = np.empty(len(order), np.int64)
+        position[order] = np.arange(len(order))
+        columns = {name: getattr(self, name)[order] for name in COLUMNS if name != "inputs"}
+        return EventColumns(self.strings, **columns, inputs=inputs,
+                            others={int(position[i]): e for i, e in self.others.items()})
+
+    def times(self) -> np.ndarray:
+        """When each event happened: a release's time, a computation's or transfer's stop.
+
+        An event kept whole in :attr:`others` that is not an event has no time
+        (``-inf``).
+        """
+        times = np.where(self.kind == DELETE, self.start, self.stop)
+        for i, event in self.others.items():
+            times[i] = event_time(event)
+        return times
 
     def rows(self, lo: int, hi: int) -> EventColumns:
         """Events ``lo`` to ``hi`` (excluded), sharing this batch's string table."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "Root", "Transfer", "parse"]
+__all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "Root", "Transfer",
+           "event_time", "parse"]
 
 
 class Root(NamedTuple):
@@ -129,3 +130,16 @@ def parse(event: Sequence[Any]) -> Event:
         raise ValueError(f"a {event[0]} event has {REQUIRED[event[0]]} to "
                          f"{len(record._fields) - 1} fields, got {len(event) - 1}")
     return record(*event)
+
+
+def event_time(event: Sequence[Any]) -> float:
+    """When an event happened: a computation's or transfer's stop, a release's or root's time.
+
+    ``-inf`` for anything that is not an event or whose time is not a number.
+    """
+    try:
+        record = parse(event)
+        time = record.time if type(record) in (Delete, Root) else record.stop
+        return float(time)
+    except (ValueError, TypeError):
+        return float("-inf")

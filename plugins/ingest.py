@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from tornado.ioloop import IOLoop
 
 from crux_dask.codec import BatchError, decode_batch
@@ -282,14 +283,24 @@ class Ingest:
 
     def _apply_run(self, parts: list[EventColumns], events: list[tuple], now: float,
                    refuse: Any) -> None:
-        """Apply batches received in columns, then ``events``, as one run."""
+        """Apply batches received in columns, then ``events``, as one run, in time order.
+
+        The scheduler reports a task when it finishes; the worker that fetched
+        its inputs reports the fetches in its next batch.  Applied as
+        received, the task would wait for them; in the order things
+        happened, most events find what they need (clocks permitting).
+        """
         if not parts:
             if events:
-                self.builder.apply_many(events, now, on_error=refuse)
+                self.builder.apply_many(_in_time_order(events), now, on_error=refuse)
             return
         if events:
             parts.append(EventColumns.from_events(events))
-        self.builder.apply_columns(EventColumns.concat(parts), now, on_error=refuse)
+        columns = EventColumns.concat(parts)
+        order = np.argsort(columns.times(), kind="stable")
+        if np.any(order[1:] < order[:-1]):
+            columns = columns.take(order)
+        self.builder.apply_columns(columns, now, on_error=refuse)
 
     def _resolve(self, older_than: float | None) -> None:
         """Give waiting events a stand-in: those waiting since before ``older_than``, or all."""
@@ -308,3 +319,18 @@ class Ingest:
     def _spool_if_due(self) -> None:
         if self.spool.due(self.builder):
             self.builder = self.spool.spool(self.builder)
+
+
+def _in_time_order(events: list[tuple]) -> list[tuple]:
+    """``events`` sorted by when they happened (stable); as given if any has no time."""
+    try:
+        return sorted(events, key=_when)
+    except TypeError:  # a time that is not a number: the builder will refuse that event
+        return events
+
+
+def _when(event: tuple) -> float:
+    try:
+        return event[3] if event[0] == "delete" else event[5]
+    except (IndexError, TypeError):
+        return float("-inf")

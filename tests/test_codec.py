@@ -51,6 +51,23 @@ def test_round_trip(batch, source, seq):
         assert (decoded.columns is not None) == columns
 
 
+@settings(max_examples=200)
+@given(st.lists(events(), max_size=20), st.randoms(use_true_random=False))
+def test_columns_taken_in_any_order_and_cut_into_rows_hold_the_same_events(batch, rng):
+    from crux_dask.columns import EventColumns
+    from crux_dask.events import event_time
+
+    columns = EventColumns.from_events(batch)
+    order = list(range(len(batch)))
+    rng.shuffle(order)
+    taken = columns.take(np.array(order, np.int64))
+    assert [parse(e) for e in taken.events()] == [parse(batch[i]) for i in order]
+    assert taken.times().tolist() == [event_time(batch[i]) for i in order]
+    cut = rng.randint(0, len(batch))
+    assert [parse(e) for e in columns.rows(0, cut).events()
+            + columns.rows(cut, len(batch)).events()] == [parse(event) for event in batch]
+
+
 def test_a_few_events_travel_as_rows_and_many_in_columns():
     events = [("delete", f"k{i}", "memory@w", float(i)) for i in range(COLUMNS_FROM)]
     assert msgpack.unpackb(encode_batch(events[:-1]))["v"] == 1

@@ -30,9 +30,9 @@ def new_ingest(slice_events: int, max_pending: int = 1_000_000) -> Ingest:
                   slice_events=slice_events, slice_seconds=None)
 
 
-def computations(n: int, prefix: str = "t") -> list[tuple]:
-    """``n`` computations without inputs, each making one state."""
-    return [("compute", f"{prefix}-{i}", "tcp://w:1", 1, float(i), i + 0.5, 8, (), 0,
+def computations(n: int, prefix: str = "t", start: float = 0.0) -> list[tuple]:
+    """``n`` computations without inputs, one a second from ``start``, each making one state."""
+    return [("compute", f"{prefix}-{i}", "tcp://w:1", 1, start + i, start + i + 0.5, 8, (), 0,
              None, None, None, None, None, None) for i in range(n)]
 
 
@@ -50,10 +50,10 @@ def test_a_worker_batch_larger_than_a_slice_is_split():
     ingest = new_ingest(slice_events=600)
     for event in computations(100, "a"):
         ingest.record(event)
-    reply = ingest.receive(encode_batch(computations(1000, "b"), "tcp://w:1", 1))
+    reply = ingest.receive(encode_batch(computations(1000, "b", 100.0), "tcp://w:1", 1))
     assert reply == {"status": "OK", "accepted": 1000}
     assert ingest.counts["batches_in_columns"] == 1
-    for event in computations(10, "c"):
+    for event in computations(10, "c", 1100.0):
         ingest.record(event)
     # What does not fit after the first events waits for the next slice, in order.
     assert [ingest.apply_slice() for _ in range(4)] == [600, 510, 0, 0]
@@ -61,6 +61,38 @@ def test_a_worker_batch_larger_than_a_slice_is_split():
     keys = ingest.builder.store.keys.values
     assert keys[1:] == [f"a-{i}" for i in range(100)] + [f"b-{i}" for i in range(1000)] + [
         f"c-{i}" for i in range(10)]
+
+
+def test_a_slice_is_applied_in_the_order_things_happened():
+    # As the scheduler receives them: each task first, then, in its worker's next
+    # batch, the fetch of its input that happened before it ran.
+    def received(in_columns: bool) -> Ingest:
+        ingest = new_ingest(slice_events=1000)
+        for key in ["x", *(f"z-{i}" for i in range(600))]:
+            ingest.builder.compute(key, "tcp://a:1", 1, 0.0, 0.5, 8, ())
+        tasks = [("compute", f"y-{i}", "tcp://b:1", 1, 2.0 + i, 2.5 + i, 8, ("x",), 0,
+                  None, None, None, None, None, None) for i in range(3)]
+        fetch = [("transfer", "x", "memory@tcp://a:1", "memory@tcp://b:1", 1.0, 1.5, 8)]
+        for event in tasks:
+            ingest.record(event)
+        if in_columns:  # enough other fetches for the batch to travel in columns
+            fetch += [("transfer", f"z-{i}", "memory@tcp://a:1", "memory@tcp://b:1",
+                       1.6, 1.7, 8) for i in range(600)]
+            assert ingest.receive(encode_batch(fetch, "tcp://b:1", 1))["status"] == "OK"
+            assert ingest.counts["batches_in_columns"] == 1
+        else:
+            ingest.record(fetch[0])
+        ingest.apply_slice()
+        return ingest
+
+    for in_columns in (False, True):
+        ingest = received(in_columns)
+        assert ingest.builder.n_parked_total == 0, in_columns
+        pag = ingest.builder.pag()
+        moved = pag.mutations[(pag.mutations["kind"] == "TRANSFER")
+                              & (pag.mutations["key"] == "x")]["dst"].item()
+        made = pag.mutations[pag.mutations["key"].str.startswith("y-")]
+        assert set(made["src"]) == {moved}  # every task read the fetched copy
 
 
 def test_the_events_per_slice_follow_the_time_a_slice_took():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from crux_dask.events import Delete, Event, parse
+from crux_dask.events import Delete, Event, event_time, parse
 
 __all__ = ["Waiting"]
 
@@ -91,7 +91,7 @@ class Waiting:
         """
         total = self.total
         while waiting := self.take(older_than):
-            waiting.sort(key=lambda item: _event_time(parse(item[2])))
+            waiting.sort(key=lambda item: event_time(item[2]))
             made = {record.key for _, _, event in waiting
                     if type(record := parse(event)) is not Delete}
             stand_ins = [event for (key, _), _, event in waiting if key not in made]
@@ -103,8 +103,3 @@ class Waiting:
                 else:  # applied, or waits again
                     apply(event, since)
         self.total = total
-
-
-def _event_time(event: Event) -> float:
-    """When an event happened: a computation's or transfer's stop, a release's time."""
-    return event.time if type(event) is Delete else event.stop

@@ -209,6 +209,7 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
         click.echo(f"The {scope.kind} {scope.name!r}:")
         path_ = scope_path(store, scope, groups)
     click.echo(format_path(path_))
+    click.echo(f"\n{format_prefixes(path_)}")
     if scopes and computation is None and span is None:
         table = scopes_frame(store, scopes, groups)
         click.echo("\nComputations and spans (see --computation and --span):")
@@ -221,6 +222,17 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
             f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>Crux run "
                     f"{run_id}</title></head><body>{path_._repr_html_()}</body></html>")
         click.echo(f"\nWrote {html_file}")
+
+
+def format_prefixes(path: CriticalPath, top: int = 10) -> str:
+    """Where the path spends its time, by task prefix, as a text table (the first ``top``)."""
+    table = path.by_prefix()
+    if table.empty:
+        return "No step on the path."
+    shown = table.head(top).assign(share=lambda t: (t["share"] * 100).map("{:.1f} %".format))
+    more = f"\n... and {len(table) - top} more prefixes" if len(table) > top else ""
+    return ("Where the path spends its time, by prefix:\n"
+            + shown.to_string(index=False, float_format=lambda x: f"{x:.3f}") + more)
 
 
 def format_suggestions(pag: PAG, run_id: str) -> str:

@@ -132,6 +132,12 @@ def test_report_and_trace(tmp_path):
     assert result.exit_code == 0, result.output
     assert "Workflow critical path" in result.output
     assert "critical path" in (tmp_path / "r.html").read_text()
+    # The by-prefix table: each prefix on the path with its seconds, most first.
+    expected = read_dataset(path).wcp().by_prefix()
+    table = result.output.split("by prefix:\n")[1].splitlines()
+    assert table[0].split() == ["prefix", "seconds", "share", "steps", "dominant"]
+    assert [line.split()[0] for line in table[1:1 + len(expected)]] == expected[
+        "prefix"].tolist()
 
     result = CliRunner().invoke(main, ["trace", str(path), "-o", str(tmp_path / "t.json")])
     assert result.exit_code == 0, result.output

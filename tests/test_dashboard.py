@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -364,82 +365,81 @@ def console_errors(driver) -> list[str]:
             if entry["level"] == "SEVERE" and "favicon" not in entry["message"]]
 
 
-def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
+@contextlib.contextmanager
+def watched_cluster():
+    """Headless Chromium, and a client of a cluster with Crux attached; its dashboard's URL."""
     from distributed import Client, LocalCluster
-    from selenium.webdriver.common.by import By
 
     driver = browser()
     try:
         with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
                           dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
             crux_dask.attach(c)
-            dask.compute(diamond())
-            path = crux_dask.get_wcp(c)
-            port = cluster.scheduler.http_server.port
-            driver.get(f"http://127.0.0.1:{port}/status")
-            driver.find_element(By.LINK_TEXT, "Crux").click()
-            assert driver.current_url.rstrip("/").endswith("/crux")
-            assert rendered_bars(driver) == len(path)
-            runs = driver.execute_script("""
-                for (const doc of Bokeh.documents) {
-                    const select = doc.get_model_by_name('crux-run');
-                    if (select) { return select.options.map((o) => o[0]); }
-                }
-                return null;""")
-            assert runs == [""]  # only the run being recorded: nothing was spooled
-            driver.save_screenshot(str(tmp_path / "crux-tab.png"))
-            assert console_errors(driver) == []
+            yield driver, c, f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
     finally:
         driver.quit()
+
+
+def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    with watched_cluster() as (driver, c, url):
+        dask.compute(diamond())
+        path = crux_dask.get_wcp(c)
+        driver.get(f"{url}/status")
+        driver.find_element(By.LINK_TEXT, "Crux").click()
+        assert driver.current_url.rstrip("/").endswith("/crux")
+        assert rendered_bars(driver) == len(path)
+        runs = driver.execute_script("""
+            for (const doc of Bokeh.documents) {
+                const select = doc.get_model_by_name('crux-run');
+                if (select) { return select.options.map((o) => o[0]); }
+            }
+            return null;""")
+        assert runs == [""]  # only the run being recorded: nothing was spooled
+        driver.save_screenshot(str(tmp_path / "crux-tab.png"))
+        assert console_errors(driver) == []
 
 
 def test_browser_switches_the_path_to_one_span(tmp_path):
     import distributed
-    from distributed import Client, LocalCluster
+    from distributed.utils import key_split_group
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = browser()
-    try:
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
-            crux_dask.attach(c)
-            with distributed.span("first"):
-                dask.compute(diamond())
-            with distributed.span("second"):
-                dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
-            whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
-            assert len(whole) != len(first)
-            driver.get(f"http://127.0.0.1:{cluster.scheduler.http_server.port}/crux")
-            assert rendered_bars(driver) == len(whole)
-            chosen = driver.execute_script("""
-                for (const doc of Bokeh.documents) {
-                    const select = doc.get_model_by_name('crux-scope');
-                    if (select) {
-                        const option = select.options.find((o) => o[1] === 'span: first');
-                        select.value = option[0];
-                        return option[0];
-                    }
+    with watched_cluster() as (driver, c, url):
+        with distributed.span("first"):
+            dask.compute(diamond())
+        with distributed.span("second"):
+            dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
+        whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
+        assert len(whole) != len(first)
+        driver.get(f"{url}/crux")
+        assert rendered_bars(driver) == len(whole)
+        chosen = driver.execute_script("""
+            for (const doc of Bokeh.documents) {
+                const select = doc.get_model_by_name('crux-scope');
+                if (select) {
+                    const option = select.options.find((o) => o[1] === 'span: first');
+                    select.value = option[0];
+                    return option[0];
                 }
-                return null;""")
-            assert chosen and chosen.startswith("span:")
-            WebDriverWait(driver, 30, poll_frequency=0.25).until(
-                lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
-            # The map draws the span's path: one hop per change of task group along it.
-            from distributed.utils import key_split_group
-
-            groups = [key_split_group(k) for k in first.states["key"]]
-            hops = sum(a != b for a, b in pairwise(groups))
-            drawn = driver.execute_script("""
-                for (const doc of Bokeh.documents) {
-                    const path = doc.get_model_by_name('crux-overview-path');
-                    if (path) { return path.data_source.data.x0.length; }
-                }
-                return null;""")
-            assert drawn == hops > 0
-            driver.save_screenshot(str(tmp_path / "crux-span.png"))
-            assert console_errors(driver) == []
-    finally:
-        driver.quit()
+            }
+            return null;""")
+        assert chosen and chosen.startswith("span:")
+        WebDriverWait(driver, 30, poll_frequency=0.25).until(
+            lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+        # The map draws the span's path: one hop per change of task group along it.
+        groups = [key_split_group(k) for k in first.states["key"]]
+        hops = sum(a != b for a, b in pairwise(groups))
+        drawn = driver.execute_script("""
+            for (const doc of Bokeh.documents) {
+                const path = doc.get_model_by_name('crux-overview-path');
+                if (path) { return path.data_source.data.x0.length; }
+            }
+            return null;""")
+        assert drawn == hops > 0
+        driver.save_screenshot(str(tmp_path / "crux-span.png"))
+        assert console_errors(driver) == []
 
 
 def test_browser_shows_the_same_path_in_the_report(tmp_path):

@@ -41,6 +41,35 @@ _COMPUTED = np.array([int(k) for k in (MutationKind.APPEND, MutationKind.CONVERT
                                         MutationKind.MERGE, MutationKind.SPLIT)])
 
 
+@dataclass(frozen=True)
+class Scope:
+    """One computation or span of a run.
+
+    Attributes
+    ----------
+    kind : str
+        ``"computation"`` or ``"span"``.
+    id : str
+        The scheduler's id of it.
+    name : str
+        A span's tags joined by ``/``; a computation's line of code.
+    start, stop : float
+        When it was submitted, and when its last task finished (the scheduler's clock).
+    groups : frozenset of str
+        Names of its task groups (a span's include its children's).
+    parent : str or None
+        The id of the span it is part of.
+    """
+
+    kind: str
+    id: str
+    name: str
+    start: float
+    stop: float
+    groups: frozenset[str]
+    parent: str | None = None
+
+
 def select(scopes: Sequence[Scope], computation: int | None = None,
            span: str | None = None) -> Scope:
     """The scope a user asks for: a computation by index, or a span by id or name.
@@ -86,35 +115,6 @@ def key_groups(store: PAGStore, group_of: Callable[[str], str]) -> np.ndarray:
     groups = np.empty(len(store.keys), object)
     groups[:] = [group_of(key) for key in store.keys.values]
     return groups
-
-
-@dataclass(frozen=True)
-class Scope:
-    """One computation or span of a run.
-
-    Attributes
-    ----------
-    kind : str
-        ``"computation"`` or ``"span"``.
-    id : str
-        The scheduler's id of it.
-    name : str
-        A span's tags joined by ``/``; a computation's line of code.
-    start, stop : float
-        When it was submitted, and when its last task finished (the scheduler's clock).
-    groups : frozenset of str
-        Names of its task groups (a span's include its children's).
-    parent : str or None
-        The id of the span it is part of.
-    """
-
-    kind: str
-    id: str
-    name: str
-    start: float
-    stop: float
-    groups: frozenset[str]
-    parent: str | None = None
 
 
 class KeyGroups:

@@ -55,35 +55,29 @@ class WCPTimeline(Component):
         path = view.wcp()
         steps = path.to_frame()
         t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
-        lanes = steps["destination"].tolist()
+        stop = steps["stop"].to_numpy() - t0
+        color = steps["kind"].map(KIND_COLORS).to_numpy(object)
+        # Numbers go as numpy arrays (sent to the browser in binary), text as lists.
         data = {
-            "lane": lanes,
-            "left": (steps["stop"] - steps["busy"] - t0).tolist(),
-            "right": (steps["stop"] - t0).tolist(),
-            "wait_left": (steps["stop"] - steps["cost"] - t0).tolist(),
+            "lane": steps["destination"].tolist(),
+            "left": stop - steps["busy"].to_numpy(),
+            "right": stop,
+            "wait_left": stop - steps["cost"].to_numpy(),
             "kind": steps["kind"].tolist(),
             "via": steps["via"].tolist(),
-            "color": [KIND_COLORS[k] for k in steps["kind"]],
-            "key": steps["key"].tolist(),
-            "label": steps["label"].tolist(),
-            "size": steps["size"].tolist(),
-            "source": steps["source"].tolist(),
-            "destination": steps["destination"].tolist(),
-            "busy": steps["busy"].tolist(),
-            "scheduling": steps["scheduling"].tolist(),
-            "queued": steps["queued"].tolist(),
-            "wait": steps["wait"].tolist(),
-            "start": steps["start"].tolist(),
-            "stop": steps["stop"].tolist(),
+            "color": color.tolist(),
+            **{c: steps[c].tolist() for c in ("key", "label", "source", "destination")},
+            **{c: steps[c].to_numpy() for c in ("size", "busy", "scheduling", "queued",
+                                                 "wait", "start", "stop")},
         }
-        self.root.y_range.factors = sorted(set(lanes))
+        self.root.y_range.factors = sorted(set(data["lane"]))
         self.source.data = data
-        handoffs = steps[steps["via"] != "data"]
+        handoff = (steps["via"] != "data").to_numpy()
         self.links.data = {
-            "x0": (handoffs["stop"] - handoffs["cost"] - t0).tolist(),
-            "y0": handoffs["source"].tolist(),
-            "x1": (handoffs["start"] - t0).tolist(),
-            "y1": handoffs["destination"].tolist(),
-            "color": [KIND_COLORS[k] for k in handoffs["kind"]],
-            "via": handoffs["via"].tolist(),
+            "x0": data["wait_left"][handoff],
+            "y0": steps["source"][handoff].tolist(),
+            "x1": steps["start"].to_numpy()[handoff] - t0,
+            "y1": steps["destination"][handoff].tolist(),
+            "color": color[handoff].tolist(),
+            "via": steps["via"][handoff].tolist(),
         }

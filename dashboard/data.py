@@ -34,7 +34,7 @@ class PathSelection:
 
 
 #: The task group of each key of the graphs shown, found once per key.
-key_groups = KeyGroups(group_of)
+cached_key_groups = KeyGroups(group_of)
 
 
 @dataclass
@@ -69,7 +69,7 @@ class GraphView:
         if self._path is None:
             chosen = self.selection or PathSelection()
             if chosen.scope is not None:
-                self._path = scope_path(self.store, chosen.scope, key_groups(self.store),
+                self._path = scope_path(self.store, chosen.scope, cached_key_groups(self.store),
                                         chosen.method)
             else:
                 self._path = critical_path(self.store, chosen.start, chosen.end,

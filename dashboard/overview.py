@@ -29,7 +29,7 @@ from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
-from crux_dask.dashboard.data import Component, GraphView, Source, key_groups
+from crux_dask.dashboard.data import Component, GraphView, Source, cached_key_groups
 from crux_dask.path import CATEGORIES, CriticalPath
 from crux_dask.store import PAGStore
 
@@ -111,7 +111,7 @@ class PAGOverview(Component):
     # -- aggregation ----------------------------------------------------------------
     def _fold_in(self, store: PAGStore) -> None:
         """Add the keys, states and mutations that are new since the last update."""
-        names = key_groups(store)
+        names = cached_key_groups(store)
         if len(names) > len(self._key_group):
             fresh = [self._code.setdefault(name, len(self._code))
                      for name in names[len(self._key_group):].tolist()]

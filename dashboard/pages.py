@@ -23,8 +23,8 @@ from crux_dask.dashboard.data import (
     RunChoice,
     Runs,
     Source,
+    cached_key_groups,
     chosen_source,
-    key_groups,
     live_source,
     selected_source,
 )
@@ -149,9 +149,9 @@ class ScopeSelector(DashboardComponent):
         scope = self.scopes.get(new)
         chosen = PathSelection(method=self.selection.method, scope=scope)
         if scope is not None:
+            store = self.data().store
             try:
-                scope_path(self.data().store, scope, key_groups(self.data().store),
-                           chosen.method)
+                scope_path(store, scope, cached_key_groups(store), chosen.method)
             except ValueError as error:
                 self.message.text = f"<b>{html.escape(str(error))}</b>"
                 return

@@ -9,8 +9,10 @@ and columns for many:
   "others": [[position, event], ...]}``.  Each column is the little-endian
   bytes of one array (dtypes in :data:`WIRE_DTYPES`); string columns index
   ``strings``; a column of moments that none of the batch's events recorded
-  (NaN throughout) is sent empty.  Events that are not plain computations,
-  transfers or releases travel whole in ``others``.  The receiver reads the columns without
+  (NaN throughout) is sent empty.  A computation's ``priority``, which only
+  the scheduler records, is not sent (it reads as not recorded).  Events
+  that are not plain computations, transfers or releases travel whole in
+  ``others``.  The receiver reads the columns without
   creating an object per event, and looks each distinct string up once.
 * **1**, rows: ``{"v": 1, "source": str, "seq": int, "events": [...]}`` whose
   events are arrays ``[kind, field, ...]`` with the fields of
@@ -213,6 +215,7 @@ def _columns(strings: Any, columns: Any, others: Any) -> EventColumns:
     for name in MOMENTS:
         if not len(arrays[name]):  # none recorded in the whole batch
             arrays[name] = np.full(n, np.nan)
+    arrays["priority"] = np.full(n, np.nan)
     for name, values in arrays.items():
         if name != "inputs" and len(values) != n:
             raise BatchError(f"column {name!r} has {len(values)} values for {n} events")
@@ -387,7 +390,7 @@ def _kind(value: Any) -> str | None:
 _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"),
              ("transfer", "nbytes"), ("transfer", "requested"),
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
-                                              "released_on"))}
+                                              "released_on", "priority"))}
 
 _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,
@@ -395,5 +398,5 @@ _FIELD_CHECKS = {
     "nbytes": _size, "inputs": _inputs, "root": _root, "label": _optional_string,
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
     "sent": _time, "received": _time, "runnable": _time, "requested": _time,
-    "released_by": _string, "released_on": _string,
+    "released_by": _string, "released_on": _string, "priority": _time,
 }

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from crux_dask.encoding import COMPUTE, DELETE, MOMENTS, NONE, OTHER, TRANSFER, encode
+from crux_dask.encoding import COMPUTE, DELETE, NONE, NOT_RECORDED, OTHER, TRANSFER, encode
 from crux_dask.events import Compute, Delete, Event, Transfer, event_time
 
 __all__ = [
@@ -40,7 +40,7 @@ COLUMNS: dict[str, str] = {
     "kind": "i1", "key": "i8", "location": "i8", "source": "i8", "start": "f8",
     "stop": "f8", "nbytes": "i8", "thread": "i8", "root": "i8", "label": "i8",
     "group": "i8", "origin": "i8", "input_count": "i8", "inputs": "i8", "requested": "f8",
-    "received": "f8", "runnable": "f8",
+    "received": "f8", "runnable": "f8", "priority": "f8",
 }
 
 
@@ -82,6 +82,8 @@ class EventColumns:
         The moments of a computation (``requested``: when the scheduler sent
         it) and of a transfer (``requested``: when its destination asked for
         it); NaN where not recorded.
+    priority : ndarray of float64
+        A computation's priority in Dask, as one number; NaN where not recorded.
     others : dict of int to tuple
         Events of any other form, by position.
     """
@@ -104,6 +106,7 @@ class EventColumns:
     requested: np.ndarray
     received: np.ndarray
     runnable: np.ndarray
+    priority: np.ndarray
     others: dict[int, Any] = field(default_factory=dict)
     _input_offset: np.ndarray | None = field(default=None, repr=False)
     #: Codes of the strings in one builder's tables, filled as windows look them up.
@@ -155,7 +158,8 @@ class EventColumns:
                        stop, nbytes, inputs, int(self.root[i]),
                        None if label == NONE else s[label], None if group == NONE else s[group],
                        None, None, None if origin == NONE else s[origin], None, requested,
-                       _moment(self.received[i]), _moment(self.runnable[i]))
+                       _moment(self.received[i]), _moment(self.runnable[i]), None, None,
+                       _moment(self.priority[i]))
 
     def events(self) -> list[Event]:
         """Every event, as tuples."""
@@ -209,7 +213,7 @@ class EventColumns:
             columns.update(kind=np.full(n, OTHER, np.int8), start=np.zeros(n),
                            stop=np.zeros(n), input_count=np.zeros(n, np.int64),
                            inputs=np.zeros(0, np.int64),
-                           **{name: np.full(n, np.nan) for name in MOMENTS})
+                           **{name: np.full(n, np.nan) for name in NOT_RECORDED})
             return cls([], **columns, others=dict(enumerate(events)))
 
     @classmethod

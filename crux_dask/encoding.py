@@ -15,7 +15,8 @@ import numpy as np
 
 from crux_dask.events import EVENT_KINDS, REQUIRED, Compute, Delete, Transfer
 
-__all__ = ["COMPUTE", "DELETE", "MOMENTS", "NONE", "OTHER", "TRANSFER", "encode"]
+__all__ = ["COMPUTE", "DELETE", "MOMENTS", "NONE", "NOT_RECORDED", "OTHER", "TRANSFER",
+           "encode"]
 
 #: Values of :attr:`EventColumns.kind`.
 COMPUTE, TRANSFER, DELETE, OTHER = 0, 1, 2, 3
@@ -29,6 +30,8 @@ _WIDTHS = {code: (REQUIRED[name] + 1, len(EVENT_KINDS[name]) + 1)
 NONE = -1
 #: The columns of moments: NaN where not recorded.
 MOMENTS = ("requested", "received", "runnable")
+#: The columns that are NaN where not recorded: the moments and a task's priority.
+NOT_RECORDED = (*MOMENTS, "priority")
 
 
 def encode(events: list) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def encode(events: list) -> dict[str, Any]:
         return values
 
     def moments(at: np.ndarray, index: int) -> np.ndarray:
-        """A time that may be None (NaN in the column); anything else not finite is bad."""
+        """A number that may be None (NaN in the column); anything else not finite is bad."""
         values = trailing(at, index)
         if values.count(None) == len(values):
             return np.full(len(at), np.nan)
@@ -104,6 +107,8 @@ def encode(events: list) -> dict[str, Any]:
     received[ci] = moments(ci, _C["received"])
     runnable[ci] = moments(ci, _C["runnable"])
     requested[ti] = moments(ti, _T["requested"])
+    priority = np.full(n, np.nan)
+    priority[ci] = moments(ci, _C["priority"])
     start[di] = stop[di] = numbers(di, _D["time"], float)
     for name in ("mutation", "location", "reads"):  # annotations: one by one
         bad[ci] |= _is_not_none(field(ci, _C[name]))
@@ -148,7 +153,7 @@ def encode(events: list) -> dict[str, Any]:
         columns[name] = column
 
     kind[bad] = OTHER
-    for column in (requested, received, runnable):
+    for column in (requested, received, runnable, priority):
         column[bad] = np.nan
     dropped = bad[input_event]
     input_count[bad] = 0
@@ -157,7 +162,8 @@ def encode(events: list) -> dict[str, Any]:
     return dict(strings=strings, kind=kind, key=key, location=location, source=source,
                 start=start, stop=stop, nbytes=nbytes, thread=thread, root=root,
                 input_count=input_count, inputs=inputs[~dropped], requested=requested,
-                received=received, runnable=runnable, others=original, **columns)
+                received=received, runnable=runnable, priority=priority, others=original,
+                **columns)
 
 
 def _string_table(keys: list, names: list[list]) -> tuple[list[str], np.ndarray,

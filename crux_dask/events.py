@@ -43,6 +43,8 @@ class Compute(NamedTuple):
     got it), ``runnable`` (all its inputs were in the worker's memory), and,
     for a task the scheduler held back in its queue, ``released_by``: the key
     of the task whose completion freed its slot, computed on ``released_on``.
+    ``priority`` is the priority Dask gave the task, as one number (lower runs
+    first; see :func:`crux_dask.plugins.tasks.priority_number`).
     """
 
     kind: str
@@ -65,6 +67,7 @@ class Compute(NamedTuple):
     runnable: float | None = None
     released_by: str | None = None
     released_on: str | None = None
+    priority: float | None = None
 
 
 class Transfer(NamedTuple):
@@ -106,9 +109,9 @@ _RECORDS = frozenset(TYPES.values())
 EVENT_KINDS: dict[str, tuple[str, ...]] = {
     kind: record._fields[1:] for kind, record in TYPES.items()}
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
-#: trailing fields that have defaults (the moments, a transfer's size).
+#: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 6, "transfer": 5, "delete": 3}
+    "root": 1, "compute": len(Compute._fields) - 7, "transfer": 5, "delete": 3}
 
 
 def parse(event: Sequence[Any]) -> Event:

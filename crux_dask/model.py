@@ -118,13 +118,15 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: Moments of the operations that made states, where recorded (NaN elsewhere):
 #: ``requested`` (a task sent to its worker, a fetch asked for by the receiving
 #: worker), ``received`` (the worker got the task), ``runnable`` (all the
-#: task's inputs were in its worker's memory).
+#: task's inputs were in its worker's memory), and a task's ``priority`` in Dask
+#: as one number (lower runs first).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
     "requested": "float64",
     "received": "float64",
     "runnable": "float64",
+    "priority": "float64",
 }
 
 ROOT = "root"

@@ -8,7 +8,7 @@ Layout of a dataset directory (several runs, one partition each)::
     mutations.parquet/run_id=<id>/...
     causes.parquet/run_id=<id>/...         causes besides data (a freed thread or slot)
     moments.parquet/run_id=<id>/...        when operations were requested, received,
-                                           runnable
+                                           runnable; tasks' priorities
     scopes.parquet/run_id=<id>/...         the computations and spans of the run
     tasks.parquet/run_id=<id>/...          one row per computed task
     transitions.parquet/run_id=<id>/...    scheduler transitions (when recorded)
@@ -59,10 +59,13 @@ __all__ = [
     "write_dataset",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions :func:`read_dataset` reads: version 1 had no causes or moments,
-#: version 2 no computations and spans.
-SCHEMA_VERSIONS = (1, 2, 3)
+#: version 2 no computations and spans, version 3 no task priorities.
+SCHEMA_VERSIONS = (1, 2, 3, 4)
+#: Columns an earlier schema version did not write, as ``(table, column)``:
+#: they read as not recorded.
+LATER_COLUMNS = frozenset({("moments", "priority")})
 TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp")
 METADATA = "metadata.json"
 
@@ -198,6 +201,7 @@ def _read_metadata(root: Path) -> dict[str, Any]:
 
 def _arrow_table(path: Path, table: str, run_id: str) -> Any:
     """One table of one run as Arrow, checked against the schema."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     file = _table_file(path, table, run_id)
@@ -209,8 +213,13 @@ def _arrow_table(path: Path, table: str, run_id: str) -> Any:
     except Exception as error:  # pyarrow raises several types for damaged files
         raise ProvenanceError(f"{file}: not a readable Parquet file ({error})") from None
     missing = [name for name in expected.names if name not in arrow.schema.names]
-    if missing:
-        raise ProvenanceError(f"{file}: not a crux_dask {table} table (lacks {missing})")
+    later = [name for name in missing if (table, name) in LATER_COLUMNS]
+    if len(later) < len(missing):
+        raise ProvenanceError(f"{file}: not a crux_dask {table} table (lacks "
+                              f"{[name for name in missing if name not in later]})")
+    for name in later:  # written by an earlier version: not recorded
+        field = expected.field(name)
+        arrow = arrow.append_column(field, pa.nulls(len(arrow), field.type))
     return arrow.select(expected.names)
 
 

@@ -20,7 +20,7 @@ from crux_dask.store import NO_THREAD, PAGStore, StringTable
 
 __all__ = ["end_state", "store_from_columns", "store_from_frames"]
 
-_MOMENTS = ("requested", "received", "runnable")
+_MOMENTS = ("requested", "received", "runnable", "priority")
 
 
 def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame,
@@ -45,7 +45,8 @@ def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
             _encoded(causes["kind"])),
         moments=None if moments is None else (
             moments["state_id"].to_numpy().astype("int64"),
-            {name: moments[name].to_numpy(dtype="float64") for name in _MOMENTS}),
+            {name: moments[name].to_numpy(dtype="float64") for name in _MOMENTS
+             if name in moments}),
         **strings,
     )
 
@@ -60,9 +61,10 @@ def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
 
     ``causes`` are ``(src, dst, kind)`` (``kind`` as a string column),
     ``moments`` ``(state ids, {"requested": ..., "received": ..., "runnable":
-    ...})``.  Checks the ids (states ``0..n-1``, mutations and causes from
-    lower to higher ids) and derives what the builder keeps incrementally:
-    each state's start, ready time, last-arriving input and last cause.
+    ..., "priority": ...})`` (a column left out is not recorded).  Checks the
+    ids (states ``0..n-1``, mutations and causes from lower to higher ids)
+    and derives what the builder keeps incrementally: each state's start,
+    ready time, last-arriving input and last cause.
 
     Raises
     ------
@@ -140,14 +142,14 @@ def _causes(run_id: str, causes: tuple | None, n: int
 
 
 def _moments(run_id: str, moments: tuple | None, n: int) -> dict[str, np.ndarray]:
-    """Full moment columns (NaN where a state has none)."""
+    """Full moment columns (NaN where a state has none, or a run recorded none of a kind)."""
     full = {name: np.full(n, np.nan) for name in _MOMENTS}
     if moments is not None:
         ids, values = moments
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
             raise ValueError(f"run {run_id}: moments of a state that does not exist")
-        for name in _MOMENTS:
-            full[name][ids] = values[name]
+        for name, given in values.items():
+            full[name][ids] = given
     return full
 
 

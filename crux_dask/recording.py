@@ -1,7 +1,8 @@
 """A recorded run reduced to what the what-if replay needs.
 
 :func:`extract` finds a run's tasks (states computed on a worker thread) in
-their recorded start order, with their inputs, compute and spill seconds and
+the order of the priorities Dask gave them (of their recorded starts in a
+run recorded without priorities), with their inputs, compute and spill seconds and
 output sizes, and measures what the model takes from the run: the scheduling
 gaps from the tasks' moments, and latency and bandwidth from its transfers.
 """
@@ -46,7 +47,9 @@ def extract(store: PAGStore, end: int) -> Run:
     task_ids = np.flatnonzero(is_task)
     if not (np.isfinite(time[task_ids]).all() and np.isfinite(start[task_ids]).all()):
         raise ValueError("the run's tasks have no timing (start or stop missing)")
-    order = task_ids[np.lexsort((task_ids, start[task_ids]))]
+    priority = store.column("state_priority", task_ids)
+    rank = priority if np.isfinite(priority).all() else start[task_ids]
+    order = task_ids[np.lexsort((task_ids, start[task_ids], rank))]
     n_states = store.n_states
     task_of = np.full(n_states, -1, np.int64)
     task_of[order] = np.arange(len(order))

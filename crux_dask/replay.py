@@ -2,7 +2,7 @@
 
 The model (see :mod:`crux_dask.whatif` for what it stands for and what it
 leaves out) is a discrete-event loop over the tasks of a :class:`Run`: a
-queue ordered by the recorded start order, ``decide_worker``-like placement,
+queue ordered by Dask's priorities, ``decide_worker``-like placement,
 root-task queuing, threads per worker, fetches that cost latency plus bytes
 over bandwidth, and the scheduling gaps measured in the run.
 """
@@ -63,7 +63,10 @@ class Gaps:
 
 @dataclass
 class Run:
-    """A recorded run reduced to what the replay needs; tasks in recorded start order.
+    """A recorded run reduced to what the replay needs; tasks in priority order.
+
+    A task's index is its rank: Dask's priority where the run recorded every
+    task's, else its recorded start.
 
     Attributes
     ----------

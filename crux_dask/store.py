@@ -102,7 +102,8 @@ class PAGStore:
     for none).
 
     Per state too, the moments of the operation that made it
-    (``requested``, ``received``, ``runnable``: NaN where not recorded, see
+    (``requested``, ``received``, ``runnable``) and the task's ``priority``
+    (NaN where not recorded, see
     :data:`~crux_dask.model.MOMENT_COLUMNS`) and ``cause``: the cause through
     which the resource freed last came (``-1`` for none).
 
@@ -140,6 +141,7 @@ class PAGStore:
         self.state_requested = array("d")
         self.state_received = array("d")
         self.state_runnable = array("d")
+        self.state_priority = array("d")
         self.state_cause = array("i")
         self.cause_src = array("i")
         self.cause_dst = array("i")
@@ -287,7 +289,7 @@ class PAGStore:
         }).astype(MOMENT_COLUMNS)
 
 
-_MOMENTS = ("requested", "received", "runnable")
+_MOMENTS = ("requested", "received", "runnable", "priority")
 _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 
 

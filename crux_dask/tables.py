@@ -61,6 +61,7 @@ def schemas() -> dict[str, Any]:
         "moments": pa.schema([
             ("state_id", pa.int64()), ("requested", pa.float64()),
             ("received", pa.float64()), ("runnable", pa.float64()),
+            ("priority", pa.float64()),
         ]),
         "scopes": pa.schema([
             ("kind", text), ("id", pa.string()), ("name", pa.string()),
@@ -272,6 +273,7 @@ def store_from_arrow(run_id: str, states: Any, mutations: Any, causes: Any = Non
         moments=None if moments is None else (
             _numbers(moments.column("state_id"), "int64"),
             {name: moments.column(name).to_numpy().astype("float64")
-             for name in ("requested", "received", "runnable")}),
+             for name in ("requested", "received", "runnable", "priority")
+             if name in moments.column_names}),
         **strings,
     )

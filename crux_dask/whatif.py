@@ -4,9 +4,9 @@ The tasks of a recorded run (states computed on a worker thread), their
 inputs, compute seconds and output sizes, are replayed by a discrete-event
 model that behaves like ``distributed``'s scheduler and workers:
 
-* **order**: task priorities are not recorded, so the order in which the
-  tasks started in the recorded run stands in for Dask's priorities (the
-  scheduler's queue and each worker's ready heap are ordered by it);
+* **order**: the priorities Dask gave the tasks order the scheduler's queue
+  and each worker's ready heap; in a run recorded without them (exported
+  before they were captured) the order in which the tasks started stands in;
 * **placement**: a task whose inputs are all in memory goes, like
   ``decide_worker``, to the worker holding some of its inputs where it could
   start soonest (occupancy per thread plus the bytes to fetch over the

@@ -32,6 +32,7 @@ from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
+from crux_dask.dashboard.suggestions import SuggestionTable
 from crux_dask.dashboard.timeline import WCPTimeline
 from crux_dask.scopes import Scope, scope_path
 from crux_dask.wcp import METHODS, critical_path
@@ -46,6 +47,7 @@ INDIVIDUAL = {
     "/individual-crux-steps": StepsTable,
     "/individual-crux-prefixes": PrefixTable,
     "/individual-crux-overview": PAGOverview,
+    "/individual-crux-suggestions": SuggestionTable,
 }
 UPDATE_INTERVAL = 500  # milliseconds
 

@@ -17,7 +17,7 @@ def report_html(pag: Any, title: str = "Crux report") -> str:
     from crux_dask.dashboard.data import static_source
     from crux_dask.dashboard.layout import crux_layout
 
-    _, layout = crux_layout(static_source(pag))
+    _, layout = crux_layout(static_source(pag), background=False)
     return file_html(layout, INLINE, title)
 
 

@@ -187,6 +187,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
                 annotation, self.graph_roots.pop(key, -1), self.sent.pop(key, None),
                 metadata.get(MOMENTS) if (metadata := kwargs.get("metadata")) else None,
+                ts.priority,
             ))
             if finish == "erred":
                 self.erred[key_string(key)] = {

@@ -13,14 +13,19 @@ from typing import Any
 
 from crux_dask.plugins.protocol import key_string
 
-__all__ = ["TASK", "task_event"]
+__all__ = ["TASK", "priority_number", "task_event"]
+
+#: Scales of :func:`priority_number`: a task's order within its graph stays
+#: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
+_ORDER_SCALE = 2.0**32
+_GENERATION_SCALE = 2.0**20
 
 #: First field of the queue entries the transition hook records: a task that
 #: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, root, sent, moments)``: ``sent`` is
-#: ``(when the scheduler sent it, (key, worker) of the task that freed its queue
-#: slot or None)``, ``moments`` what its worker left in its metadata,
-#: ``[received, runnable]``.
+#: dependencies, prefix, group, annotation, root, sent, moments, priority)``:
+#: ``sent`` is ``(when the scheduler sent it, (key, worker) of the task that
+#: freed its queue slot or None)``, ``moments`` what its worker left in its
+#: metadata, ``[received, runnable]``, ``priority`` the task's priority tuple.
 TASK = object()
 
 
@@ -33,7 +38,7 @@ def task_event(item: Sequence[Any]) -> tuple:
     form other than two times or None are ignored.
     """
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root, sent, moments) = item
+     annotation, root, sent, moments, priority) = item
     start = stop = None
     for interval in startstops or ():
         if interval.get("action") == "compute":
@@ -53,7 +58,28 @@ def task_event(item: Sequence[Any]) -> tuple:
     return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
             tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
             location, "erred" if erred else None, reads, sent_at, received, runnable,
-            *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)))
+            *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
+            priority_number(priority))
+
+
+def priority_number(priority: Any) -> float | None:
+    """Dask's priority tuple of a task as one number that sorts the same way.
+
+    The scheduler gives each task ``(-user priority, generation, order)``:
+    lower runs first, the annotated priority before the graph's generation
+    (sub-tasks' generations are a hundredth below their parent's) before the
+    task's place in ``dask.order``.  The number is exact for orders below
+    ``2**32`` and generations below ``2**20`` with no user priority; with one,
+    tasks a few places apart in one graph may tie.  None for anything that is
+    not such a tuple.
+    """
+    if not (isinstance(priority, tuple) and len(priority) == 3):
+        return None
+    user, generation, order = priority
+    if not all(type(v) in (int, float) for v in priority):
+        return None
+    number = (user * _GENERATION_SCALE + generation) * _ORDER_SCALE + order
+    return float(number) if number - number == 0.0 else None
 
 
 def _moments(moments: Any) -> tuple[float | None, float | None]:

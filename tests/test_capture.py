@@ -8,11 +8,14 @@ import dask
 import dask.array as da
 import pandas as pd
 import pytest
+from dask.core import flatten
 from distributed import Event, Worker, get_task_stream, wait
 from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 
 import crux_dask
 from crux_dask.plugins import CruxSchedulerPlugin, CruxWorkerPlugin
+from crux_dask.plugins.protocol import key_string
+from crux_dask.plugins.tasks import priority_number
 
 
 def slow_inc(x, delay=0.0):
@@ -362,3 +365,42 @@ async def test_a_rescheduled_task_keeps_the_path_consistent(c, s, a, b):
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
     stats = await crux_dask.get_stats(c)
     assert stats["hook_errors"] == 0 and stats["events_failed"] == 0
+
+
+@gen_cluster(client=True)
+async def test_each_task_keeps_the_priority_dask_gave_it(c, s, a, b):
+    """Priorities sort the recorded tasks as the scheduler's tuples sort them.
+
+    Two graphs (two generations), the second with a user priority, so that
+    every part of Dask's ``(-user priority, generation, order)`` counts.
+    """
+    await crux_dask.attach(c)
+    first = c.persist(da.ones((40, 40), chunks=10).sum(axis=0))
+    await wait(first)
+    second = c.persist(da.zeros((40, 40), chunks=10).T.sum(axis=1), priority=1)
+    await wait(second)
+    pag = await crux_dask.get_pag(c)
+    moments = pag.moments.set_index("state_id")
+    states = pag.states.set_index("state_id")
+    recorded = {states.at[sid, "key"]: number
+                for sid, number in moments["priority"].dropna().items()}
+    tuples = {key_string(ts.key): ts.priority for ts in s.tasks.values()}
+    assert set(tuples) <= set(recorded) and len(tuples) > 30
+    by_dask = sorted(tuples, key=tuples.__getitem__)
+    numbers = [recorded[key] for key in by_dask]
+    assert numbers == sorted(numbers)
+    assert len(set(numbers)) == len(numbers)
+    # The user priority runs the second graph's tasks first.
+    firsts, seconds = ({key_string(k) for k in flatten(x.__dask_keys__())}
+                       for x in (first, second))
+    assert max(recorded[k] for k in seconds) < min(recorded[k] for k in firsts)
+
+
+def test_a_priority_number_sorts_as_dask_priority_tuples():
+    """Every part of the tuple counts, in Dask's order; anything else is not recorded."""
+    tuples = [(-1, 2, 7), (0, 1, 5), (0, 1, 6), (0, 1.99, 0), (0, 2, 0), (0, 2, 2**31),
+              (0, 3, 0), (1, 0, 0)]
+    numbers = [priority_number(t) for t in tuples]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    for bad in (None, (0, 1), [0, 1, 2], (0, "1", 2), (0, float("nan"), 1), (0, 1, 2, 3)):
+        assert priority_number(bad) is None

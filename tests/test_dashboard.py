@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable
+from crux_dask.dashboard.suggestions import SuggestionTable
 from crux_dask.dashboard.timeline import WCPTimeline
 
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -54,7 +56,7 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
     await c.compute(diamond())
     for path in ["/crux", "/individual-crux-timeline", "/individual-crux-breakdown",
                  "/individual-crux-steps", "/individual-crux-overview",
-                 "/individual-crux-prefixes"]:
+                 "/individual-crux-prefixes", "/individual-crux-suggestions"]:
         code, _ = await fetch(s, path)
         assert code == 200, path
     code, status = await fetch(s, "/status")
@@ -104,6 +106,32 @@ async def test_components_show_the_critical_path(c, s, a, b):
     before = timeline.source.data
     timeline.update()  # nothing changed: no new column dict is sent
     assert timeline.source.data is before
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
+async def test_what_to_fix_replays_between_computations_off_the_event_loop(c, s, a, b):
+    """The live table replays once the graph stopped changing, in a thread, like suggest."""
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    expected = (await crux_dask.get_pag(c)).suggest()  # every event applied
+    table = SuggestionTable(live_source(s.plugins["crux"]))
+    table.update()  # first sight of the graph: it may still be changing
+    assert table._running is None and table.source.data["change"] == []
+    table.update()  # unchanged since: replay it
+    graph, replay = table._running
+    assert graph[1] == s.plugins["crux"].builder.store.n_states
+    replay.result(timeout=30)
+    table.update()
+    assert table.source.data["change"] == expected["change"].tolist()
+    assert table.source.data["saved"] == pytest.approx(expected["saved"].tolist())
+    assert "left" in table.source.data["path_then"][0]  # the slow task stays on the path
+    assert "unchanged replay" in table.note.text
+    future = c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+    await async_poll_for(lambda: s.plugins["crux"].builder.store.n_states > graph[1], 10)
+    before = table.source.data
+    table.update()  # the graph changed: not replayed until it is quiet again
+    assert table._running is None and table.source.data is before
+    await future
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
@@ -236,7 +264,9 @@ def test_components_follow_the_dashboard_component_contract(caplog):
     for i in range(5):
         b.compute(f"t{i}-x", "w", 1, i, i + 1, 8, (), label=f"group{i}")
     data = static_source(b.pag())
-    for cls in (WCPTimeline, Breakdown, StepsTable, PAGOverview, PrefixTable):
+    static_suggestions = functools.partial(SuggestionTable, background=False)
+    for cls in (WCPTimeline, Breakdown, StepsTable, PAGOverview, PrefixTable,
+                static_suggestions):
         component = cls(data)
         assert isinstance(component, DashboardComponent)
         assert isinstance(component.source, ColumnDataSource)
@@ -244,7 +274,7 @@ def test_components_follow_the_dashboard_component_contract(caplog):
         component.update()
         before = component.source.data
         component.update()  # the same view: nothing is rebuilt nor sent
-        assert component.source.data is before, cls.__name__
+        assert component.source.data is before, type(component).__name__
 
     def broken():
         raise RuntimeError("the graph is not readable")
@@ -308,6 +338,7 @@ def test_report_is_standalone_html(tmp_path):
         dask.compute(diamond())
     html = (tmp_path / "report.html").read_text()
     assert "Workflow critical path" in html and "crux-timeline" in html
+    assert "crux-suggestions" in html and "left 2x faster" in html  # the slow task first
     assert "cdn.bokeh.org" not in html  # Bokeh is inlined: no server, no network
 
 
@@ -397,6 +428,19 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
             }
             return null;""")
         assert runs == [""]  # only the run being recorded: nothing was spooled
+        # What to fix: replayed off the event loop once the graph is quiet, then shown.
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        changes = WebDriverWait(driver, 30, poll_frequency=0.25).until(
+            lambda driver: driver.execute_script("""
+                for (const doc of Bokeh.documents) {
+                    const table = doc.get_model_by_name('crux-suggestions');
+                    if (table && table.source.data.change.length) {
+                        return Array.from(table.source.data.change);
+                    }
+                }
+                return false;"""), "the what-to-fix table stayed empty")
+        assert changes == crux_dask.get_pag(c).suggest()["change"].tolist()
         driver.save_screenshot(str(tmp_path / "crux-tab.png"))
         assert console_errors(driver) == []
 

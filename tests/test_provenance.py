@@ -226,3 +226,19 @@ def test_a_failed_export_leaves_the_dataset_as_it_was(tmp_path):
     assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
     assert len(read_dataset(path).run_ids) == 1
     assert TABLES[0] == "states"
+
+
+def test_a_run_exported_before_priorities_reads_and_replays_in_start_order(tmp_path):
+    """Schema version 3 had no priority among the moments: it reads as not recorded."""
+    path = make_dataset(tmp_path, None)
+    now = read_dataset(path)
+    assert now.moments["priority"].notna().sum() == 9  # four loads, four steps, combine
+    for part in (path / "moments.parquet").rglob("*.parquet"):
+        pq.write_table(pq.read_table(part).drop_columns(["priority"]), part)
+    meta = json.loads((path / "metadata.json").read_text())
+    meta["schema_version"] = 3
+    (path / "metadata.json").write_text(json.dumps(meta))
+    before = read_dataset(path)
+    assert before.moments["priority"].isna().all()
+    assert before.moments["runnable"].equals(now.moments["runnable"])
+    assert before.what_if().replay_error == pytest.approx(now.what_if().replay_error, abs=0.2)

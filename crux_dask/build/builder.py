@@ -45,6 +45,8 @@ _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPE
                                int(MutationKind.DELETE))
 _THREAD, _SLOT = int(CauseKind.THREAD), int(CauseKind.SLOT)
 _NAN = float("nan")
+#: An operation's ``requested``, ``received``, ``runnable`` and ``priority``, none recorded.
+_NO_MOMENTS = (_NAN, _NAN, _NAN, _NAN)
 
 
 class PAGBuilder:
@@ -182,7 +184,8 @@ class PAGBuilder:
                 origin: str | None = None, reads: Sequence[str] | None = None, *,
                 sent: float | None = None, received: float | None = None,
                 runnable: float | None = None, released_by: str | None = None,
-                released_on: str | None = None, now: float = 0.0) -> int | None:
+                released_on: str | None = None, priority: float | None = None,
+                now: float = 0.0) -> int | None:
         """A task computed; the fields are those of :class:`~crux_dask.events.Compute`.
 
         ``kind`` is the event's ``mutation`` field.
@@ -190,7 +193,7 @@ class PAGBuilder:
         return self._compute(Compute(
             "compute", key, worker, thread, start, stop, nbytes, tuple(inputs), root, label,
             group, kind, location, origin, tuple(reads) if reads else None, sent, received,
-            runnable, released_by, released_on), now)
+            runnable, released_by, released_on, priority), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:
@@ -225,7 +228,8 @@ class PAGBuilder:
         index(e.nbytes)
         if e.thread is not None:
             index(e.thread)
-        moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable))
+        moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable),
+                   rules.moment(e.priority))
         kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
         store, holdings = self.store, self.holdings
         memory = self.places.memory_of(e.worker)
@@ -291,7 +295,7 @@ class PAGBuilder:
             places.worker[source] if worker == NO_CODE else worker, None,
             store.state_size[src] if e.nbytes is None else e.nbytes, e.start, e.stop,
             rules.copy_ready(store.state_ready[src], e.start, e.stop), (src,), _TRANSFER,
-            busy, (requested, _NAN, _NAN)))
+            busy, (requested, _NAN, _NAN, _NAN)))
 
     def _delete(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is Delete else Delete(*event)
@@ -357,12 +361,13 @@ class PAGBuilder:
     # -- internals --------------------------------------------------------------
     def _add_state(self, key: int, location: int, worker: int, thread: int, size: int,
                    start: float, time: float, ready: float, pred: int,
-                   moments: tuple[float, float, float] = (_NAN, _NAN, _NAN)) -> int:
+                   moments: tuple[float, ...] = _NO_MOMENTS) -> int:
         store = self.store
         sid = store.n_states
         store.state_requested.append(moments[0])
         store.state_received.append(moments[1])
         store.state_runnable.append(moments[2])
+        store.state_priority.append(moments[3])
         store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)
@@ -385,7 +390,7 @@ class PAGBuilder:
     def new_state(self, key: int, location: int, worker: int | None, thread: int | None,
                   size: int, start: float, time: float, ready: float, sources: Sequence[int],
                   kind: int, busy: float,
-                  moments: tuple[float, float, float] = (_NAN, _NAN, _NAN),
+                  moments: tuple[float, ...] = _NO_MOMENTS,
                   causes: Sequence[tuple[int, int]] = ()) -> int:
         """Add a state made by ``kind`` from ``sources``, held at ``location``; its id.
 
@@ -418,7 +423,7 @@ class PAGBuilder:
         return sid
 
     def _causes(self, e: Compute, memory: int, sources: list[int],
-                moments: tuple[float, float, float], freed_by: int | None
+                moments: tuple[float, ...], freed_by: int | None
                 ) -> list[tuple[int, int]]:
         """The resources whose release a task computed from ``sources`` may have waited for.
 

@@ -166,7 +166,8 @@ class _Window:
                   "memory": c_memory[keep_c], "label": c_label_code[keep_c],
                   "group": c_group_code[keep_c], "origin": c_origin_code[keep_c],
                   "root": c_root_state[keep_c], "requested": columns.requested[at_c],
-                  "received": columns.received[at_c], "runnable": columns.runnable[at_c]}
+                  "received": columns.received[at_c], "runnable": columns.runnable[at_c],
+                  "priority": columns.priority[at_c]}
         self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],
                   "nbytes": t_nbytes, "no_nbytes": t_nbytes < 0,
                   "source": t_source_code[keep_t], "src": t_src[keep_t],
@@ -299,8 +300,9 @@ class _Window:
                                       [len(ti), len(di)])
         m_busy[copy_rows[:len(ti)]] = t["stop"] - t["start"]
 
-        # Moments, and the tasks that waited for their thread.
-        moments = {name: np.full(f, np.nan) for name in ("requested", "received", "runnable")}
+        # Moments and priorities, and the tasks that waited for their thread.
+        moments = {name: np.full(f, np.nan)
+                   for name in ("requested", "received", "runnable", "priority")}
         for name in moments:
             moments[name][ci] = c[name]
         moments["requested"][ti] = t["requested"]

@@ -1,0 +1,118 @@
+"""What to fix: candidate changes ranked by the seconds a what-if replay predicts they save."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import pandas as pd
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, DataTable, Div, NumberFormatter, TableColumn
+from distributed.utils import log_errors
+
+from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.store import PAGStore
+from crux_dask.wcp import critical_path
+from crux_dask.whatif import suggest
+
+COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
+
+
+
+def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
+    """The ranked changes of the whole run (see :func:`crux_dask.whatif.suggest`)."""
+    return suggest(store, end, critical_path(store, default_end=end))
+
+
+def _in_thread(function: Callable[..., pd.DataFrame], *args: Any) -> Future:
+    """``function(*args)`` in a thread of its own, which ends with it."""
+    result: Future = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(function(*args))
+        except BaseException as error:  # handed to whoever reads the result
+            result.set_exception(error)
+
+    threading.Thread(target=run, name="crux-what-if", daemon=True).start()
+    return result
+
+
+class SuggestionTable(Component):
+    """One row per candidate change of the whole run, most seconds saved first.
+
+    Each row gives the predicted makespan, the seconds and share saved, and
+    the labels the path then spends most time in (the path that takes over).
+    A line above the table gives the unchanged replay's error, which bounds
+    how far to trust the figures.
+
+    Parameters
+    ----------
+    data : Source
+    background : bool
+        Replay in a thread, off the event loop, and only once the graph has
+        stopped changing between two updates (between computations): the
+        live page.  ``False`` replays at once: a graph that no longer changes,
+        as in the standalone report.
+    """
+
+    def __init__(self, data: Source, background: bool = True, **kwargs: Any) -> None:
+        super().__init__(data)
+        self.background = background
+        self.source = ColumnDataSource({c: [] for c in COLUMNS})
+        seconds = NumberFormatter(format="0.000")
+        self.table = DataTable(source=self.source, name="crux-suggestions",
+                               index_position=None, height=230, columns=[
+            TableColumn(field="change", title="change", width=170),
+            TableColumn(field="predicted", title="predicted (s)", formatter=seconds, width=90),
+            TableColumn(field="saved", title="saved (s)", formatter=seconds, width=80),
+            TableColumn(field="saved_share", title="saved",
+                        formatter=NumberFormatter(format="0.0%"), width=60),
+            TableColumn(field="path_then", title="the path then spends most in", width=330),
+        ], **kwargs)
+        self.note = Div(text="", name="crux-suggestions-note")
+        self.root = column(Div(text="<b>What to fix</b>: the whole run replayed with each "
+                                    "change"), self.note, self.table, **kwargs)
+        self._seen: tuple | None = None  # the graph at the last update
+        self._running: tuple[tuple, Future] | None = None
+
+    @log_errors
+    def update(self) -> None:
+        """Show a finished replay; start one once the graph shown stopped changing."""
+        if not self.background:
+            super().update()
+            return
+        if self._running is not None:
+            graph, replay = self._running
+            if not replay.done():
+                return
+            self._running = None
+            self._version = graph
+            self._show(replay.result)
+        view = self.data()
+        graph = (view.store.run_id, view.store.n_states, view.store.n_mutations, view.end)
+        if graph == self._version:
+            return
+        if graph != self._seen:  # still changing: wait for a quiet moment
+            self._seen = graph
+            return
+        self._running = (graph, _in_thread(_suggestions, view.store.copy(), view.end))
+        self.note.text = "replaying the run&hellip;"
+
+    def render(self, view: GraphView) -> None:
+        self._show(lambda: _suggestions(view.store, view.end))
+
+    def _show(self, suggestions: Callable[[], pd.DataFrame]) -> None:
+        try:
+            table = suggestions()
+        except ValueError as error:  # a run without tasks or timing
+            self.note.text = f"No suggestions: {html.escape(str(error))}"
+            self.source.data = {c: [] for c in COLUMNS}
+            return
+        error = float(table["replay_error"].iloc[0]) if len(table) else 0.0
+        self.note.text = (f"The unchanged replay is {abs(error):.1%} "
+                          f"{'longer' if error >= 0 else 'shorter'} than the recorded run.")
+        self.source.data = {c: table[c].tolist() for c in COLUMNS}

@@ -33,7 +33,8 @@ class Cluster:
         self.done: dict[str, tuple[str, float]] = {}  # key -> (worker, stop)
 
     def task(self, key: str, worker: str, seconds: float, inputs: tuple[str, ...] = (),
-             label: str | None = None, nbytes: int = 1000) -> None:
+             label: str | None = None, nbytes: int = 1000,
+             priority: float | None = None) -> None:
         released = max([self.done[k][1] for k in inputs], default=0.0)
         received = released + GAP
         ready = received
@@ -46,7 +47,8 @@ class Cluster:
         start = max(ready, self.free[worker]) + DISPATCH
         stop = start + seconds
         self.builder.compute(key, worker, 1, start, stop, nbytes, inputs, self.root, label,
-                             sent=released, received=received, runnable=ready)
+                             sent=released, received=received, runnable=ready,
+                             priority=priority)
         self.free[worker] = stop
         self.done[key] = (worker, stop)
 
@@ -108,6 +110,33 @@ def test_twice_the_workers_halves_independent_tasks():
     result = pag.what_if(workers=4)
     assert result.makespan / result.recorded == pytest.approx(0.5, rel=0.15)
     assert pag.what_if(threads=2).makespan == pytest.approx(result.makespan, rel=0.05)
+
+
+def replayed_order(result) -> list[str]:
+    """The keys of a replay's tasks, by start."""
+    run = result.run
+    keys = np.asarray(run.store.keys.values, dtype=object)[
+        run.store.column("state_key", run.state)]
+    return keys[np.argsort(result.schedule.start, kind="stable")].tolist()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_one_worker_runs_the_tasks_in_dask_priority_order(recorded):
+    """Recorded on two workers; on one, Dask's priorities decide who goes first.
+
+    Without recorded priorities the replay keeps the recorded start order.
+    """
+    cluster = Cluster([A, B])
+    for i in range(2):
+        for worker, name, priority in ((A, "late", 10 + i), (B, "early", i)):
+            cluster.task(f"{name}-{i}", worker, 0.1, label=name,
+                         priority=float(priority) if recorded else None)
+    pag = cluster.gather("late-1")
+    order = replayed_order(pag.what_if(workers=1))
+    if recorded:
+        assert order == ["early-0", "early-1", "late-0", "late-1"]
+    else:
+        assert order == ["late-0", "early-0", "late-1", "early-1"]
 
 
 def test_speeding_up_a_prefix_off_the_path_saves_almost_nothing():

@@ -29,8 +29,12 @@ def combine(*xs):
 
 
 def workflow(slow_step: str | None = None):
-    """Four loads, a transform each, and a combine; ``slow_step`` takes 0.3 s more."""
-    loads = [dask.delayed(sleepy)(i, 0.3 if f"load-{i}" == slow_step else 0.01,
+    """Four loads, a transform each, and a combine.
+
+    ``slow_step`` takes 0.6 s, the others 0.01 s: a margin no stall of a loaded
+    machine closes.
+    """
+    loads = [dask.delayed(sleepy)(i, 0.6 if f"load-{i}" == slow_step else 0.01,
                                   dask_key_name=f"load-{i}") for i in range(4)]
     steps = [dask.delayed(sleepy)(x, 0.02, dask_key_name=f"step-{i}")
              for i, x in enumerate(loads)]

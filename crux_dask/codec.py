@@ -358,6 +358,10 @@ def _time(value: Any) -> str | None:
     return None if math.isfinite(value) else "expected a finite number"
 
 
+def _flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "expected true or false"
+
+
 def _size(value: Any) -> str | None:
     return None if _is_int(value) and value >= 0 else "expected a non-negative integer"
 
@@ -390,7 +394,8 @@ def _kind(value: Any) -> str | None:
 _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"),
              ("transfer", "nbytes"), ("transfer", "requested"),
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
-                                              "released_on", "priority"))}
+                                              "released_on", "priority", "io")),
+             ("file", "requested")}
 
 _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,
@@ -398,5 +403,6 @@ _FIELD_CHECKS = {
     "nbytes": _size, "inputs": _inputs, "root": _root, "label": _optional_string,
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
     "sent": _time, "received": _time, "runnable": _time, "requested": _time,
-    "released_by": _string, "released_on": _string, "priority": _time,
+    "released_by": _string, "released_on": _string, "priority": _time, "io": _time,
+    "written": _flag,
 }

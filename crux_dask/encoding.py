@@ -2,8 +2,9 @@
 
 Every field of every event goes into one flat array first, so that a column
 is one gather; every string of the batch goes into one table.  An event that
-is not plain (a root, an annotated or queued task, anything malformed) is
-marked ``OTHER`` and kept whole, for the builder's one-by-one path to judge.
+is not plain (a root, an annotated or queued task, a task that used files,
+a file's access, anything malformed) is marked ``OTHER`` and kept whole, for
+the builder's one-by-one path to judge.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def encode(events: list) -> dict[str, Any]:
         bad[ci] |= _is_not_none(field(ci, _C[name]))
     bad[ci] |= _is_not_none(trailing(ci, _C["released_by"]))  # a queued task: one by one
     bad[ci] |= _is_not_none(trailing(ci, _C["released_on"]))
+    bad[ci] |= _is_not_none(trailing(ci, _C["io"]))  # a task that used files: one by one
     c_inputs = field(ci, _C["inputs"])
     if not set(map(type, c_inputs)) <= {tuple, list}:
         bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)

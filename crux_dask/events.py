@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "Root", "Transfer",
-           "event_time", "parse"]
+__all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "FileAccess", "Root",
+           "Transfer", "event_time", "parse"]
 
 
 class Root(NamedTuple):
@@ -44,7 +44,9 @@ class Compute(NamedTuple):
     for a task the scheduler held back in its queue, ``released_by``: the key
     of the task whose completion freed its slot, computed on ``released_on``.
     ``priority`` is the priority Dask gave the task, as one number (lower runs
-    first; see :func:`crux_dask.plugins.tasks.priority_number`).
+    first; see :func:`crux_dask.plugins.tasks.priority_number`), and ``io``
+    the seconds of its run it spent on files (off the CPU after it opened its
+    first file), where measured.
     """
 
     kind: str
@@ -68,6 +70,7 @@ class Compute(NamedTuple):
     released_by: str | None = None
     released_on: str | None = None
     priority: float | None = None
+    io: float | None = None
 
 
 class Transfer(NamedTuple):
@@ -97,11 +100,31 @@ class Delete(NamedTuple):
     time: float
 
 
-Event = Root | Compute | Transfer | Delete
+class FileAccess(NamedTuple):
+    """The task ``key``, computed on ``worker``, read or wrote the file at ``location``.
+
+    A read (``written`` false) comes before the task's ``compute`` event: the
+    file's content reaches the worker's memory at ``time`` (the task's start),
+    ``requested`` being when the scheduler sent the task.  A write comes after
+    it: the file, ``nbytes`` long, is made from the task's data at ``time``
+    (the task's stop).
+    """
+
+    kind: str
+    key: str
+    worker: str
+    location: str
+    written: bool
+    time: float
+    nbytes: int
+    requested: float | None = None
+
+
+Event = Root | Compute | Transfer | Delete | FileAccess
 
 #: Each kind's record type.
 TYPES: dict[str, type] = {"root": Root, "compute": Compute, "transfer": Transfer,
-                          "delete": Delete}
+                          "delete": Delete, "file": FileAccess}
 
 _RECORDS = frozenset(TYPES.values())
 
@@ -111,7 +134,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
 #: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 7, "transfer": 5, "delete": 3}
+    "root": 1, "compute": len(Compute._fields) - 8, "transfer": 5, "delete": 3, "file": 6}
 
 
 def parse(event: Sequence[Any]) -> Event:
@@ -142,7 +165,7 @@ def event_time(event: Sequence[Any]) -> float:
     """
     try:
         record = parse(event)
-        time = record.time if type(record) in (Delete, Root) else record.stop
+        time = record.time if type(record) in (Delete, Root, FileAccess) else record.stop
         return float(time)
     except (ValueError, TypeError):
         return float("-inf")

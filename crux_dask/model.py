@@ -118,8 +118,9 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: Moments of the operations that made states, where recorded (NaN elsewhere):
 #: ``requested`` (a task sent to its worker, a fetch asked for by the receiving
 #: worker), ``received`` (the worker got the task), ``runnable`` (all the
-#: task's inputs were in its worker's memory), and a task's ``priority`` in Dask
-#: as one number (lower runs first).
+#: task's inputs were in its worker's memory), a task's ``priority`` in Dask
+#: as one number (lower runs first), and the seconds of a task's run it spent
+#: on files (``io``: off the CPU after it opened its first file).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
@@ -127,7 +128,10 @@ MOMENT_COLUMNS: dict[str, str] = {
     "received": "float64",
     "runnable": "float64",
     "priority": "float64",
+    "io": "float64",
 }
+#: The per-state values of :data:`MOMENT_COLUMNS`, in order.
+MOMENTS = tuple(MOMENT_COLUMNS)[2:]
 
 ROOT = "root"
 CLIENT = "client"
@@ -146,6 +150,29 @@ def disk_location(worker: str) -> str:
 def file_location(host: str, path: str) -> str:
     """Location of a file on a host's file system."""
     return f"file@{host}:{path}"
+
+
+def file_path(location: str) -> str:
+    """The path of a file's location (:func:`file_location`)."""
+    return location.partition(":")[2]
+
+
+#: Names of directories that hold a dataset one file per part (``out.parquet/part.0.parquet``).
+DATASET_SUFFIXES = (".parquet", ".zarr", ".n5", ".orc", ".avro", ".csv", ".json")
+
+
+def file_label(path: str) -> str:
+    """What a file is called in the graph: its dataset's name, else its own.
+
+    A file under a directory named like a dataset (:data:`DATASET_SUFFIXES`:
+    ``out.parquet/part.0.parquet``, ``x.zarr/x/0.0``) is labelled by the
+    nearest such directory; any other file by its name.
+    """
+    parts = path.rstrip("/").split("/")
+    for part in reversed(parts[:-1]):
+        if part.endswith(DATASET_SUFFIXES):
+            return part
+    return parts[-1] or path
 
 
 def location_class(location: str) -> str:

@@ -7,6 +7,8 @@ into:
 
 * the **busy** part: the operation that made the state (a computation, a
   transfer, a spill, file I/O), named by its category;
+* **io**: of a computation, the seconds it spent on files (off the CPU after
+  it opened its first file), where measured;
 * **scheduling**: from the step's cause to the operation's start, where the
   task's moments were recorded (when the scheduler sent it, when its worker got
   it and could run it): the scheduler's decision, the message and the
@@ -27,10 +29,12 @@ import pandas as pd
 from crux_dask.model import CauseKind, MutationKind, location_class
 from crux_dask.store import PAGStore
 
-__all__ = ["CATEGORIES", "NO_STEPS", "CriticalPath", "Steps"]
+__all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "CriticalPath", "Steps"]
 
 #: Categories of the breakdown, in display order.
 CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "scheduling", "queued", "wait")
+#: The parts of a step's cost besides its busy part, each a category of its own.
+PARTS = ("io", "scheduling", "queued", "wait")
 #: The steps of a path, in order: whether each came through a cause, and the id
 #: of its cause or mutation.
 Steps = tuple[np.ndarray, np.ndarray]
@@ -97,7 +101,7 @@ class CriticalPath:
         cut = min(start, end) - float(self.states["time"].iloc[0])
         steps = self.steps.copy()
         steps.loc[0, "cost"] -= cut
-        for part in ("wait", "queued", "scheduling", "busy"):
+        for part in ("wait", "queued", "scheduling", "io", "busy"):
             taken = min(cut, max(float(steps.loc[0, part]), 0.0))
             steps.loc[0, part] -= taken
             cut -= taken
@@ -117,7 +121,7 @@ class CriticalPath:
         the cause's); ``category`` of the busy part; ``key``, ``label``,
         ``source`` and ``destination`` locations, ``size``; ``start`` and
         ``stop`` of the operation; ``cost``
-        and its parts ``busy``, ``scheduling``, ``queued`` and ``wait``.
+        and its parts ``busy``, ``io``, ``scheduling``, ``queued`` and ``wait``.
         """
         return self.steps
 
@@ -127,7 +131,7 @@ class CriticalPath:
         One row per prefix, most seconds first: ``prefix``, ``seconds`` on the
         path (the cost of its steps), ``share`` of the path's length,
         ``steps``, and the ``dominant`` category of those seconds (a busy
-        category, ``scheduling``, ``queued`` or ``wait``).
+        category, ``io``, ``scheduling``, ``queued`` or ``wait``).
         """
         steps = self.steps
         prefix = steps["label"]
@@ -135,7 +139,7 @@ class CriticalPath:
             pd.DataFrame({"prefix": prefix, "category": steps["category"],
                           "seconds": steps["busy"]}),
             *(pd.DataFrame({"prefix": prefix, "category": part, "seconds": steps[part]})
-              for part in ("scheduling", "queued", "wait"))])
+              for part in PARTS)])
         by = seconds.pivot_table(index="prefix", columns="category", values="seconds",
                                  aggfunc="sum", fill_value=0.0)
         table = pd.DataFrame({
@@ -179,7 +183,7 @@ def _breakdown(steps: pd.DataFrame) -> dict[str, float]:
     """Seconds of the steps by category: busy parts by their category, and the gaps."""
     busy = steps.groupby("category", observed=True)["busy"].sum()
     breakdown = {c: float(busy.get(c, 0.0)) for c in CATEGORIES}
-    for part in ("scheduling", "queued", "wait"):
+    for part in PARTS:
         breakdown[part] += float(steps[part].sum())
     return breakdown
 
@@ -212,6 +216,10 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     busy[through_cause] = stop[through_cause] - start[through_cause]
     busy = np.minimum(np.maximum(busy, 0.0), np.maximum(cost, 0.0))
     gap = cost - busy
+    # A computation's seconds on files are io, not compute.
+    io = np.where(category == "compute", np.minimum(
+        np.nan_to_num(store.column("state_io", dst)).clip(0.0), busy), 0.0)
+    busy -= io
     # The gap before the operation: explained where its moments were recorded.
     requested = store.column("state_requested", dst)
     recorded = ~np.isnan(requested)
@@ -239,6 +247,7 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         "stop": stop,
         "cost": cost,
         "busy": busy,
+        "io": io,
         "scheduling": scheduling,
         "queued": queued,
         "wait": wait,

@@ -15,12 +15,11 @@ import numpy as np
 import pandas as pd
 
 from crux_dask.build import rules
-from crux_dask.model import ROOT, CauseKind, MutationKind
+from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.store import NO_THREAD, PAGStore, StringTable
 
 __all__ = ["end_state", "store_from_columns", "store_from_frames"]
 
-_MOMENTS = ("requested", "received", "runnable", "priority")
 
 
 def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame,
@@ -45,7 +44,7 @@ def store_from_frames(run_id: str, states: pd.DataFrame, mutations: pd.DataFrame
             _encoded(causes["kind"])),
         moments=None if moments is None else (
             moments["state_id"].to_numpy().astype("int64"),
-            {name: moments[name].to_numpy(dtype="float64") for name in _MOMENTS
+            {name: moments[name].to_numpy(dtype="float64") for name in MOMENTS
              if name in moments}),
         **strings,
     )
@@ -143,7 +142,7 @@ def _causes(run_id: str, causes: tuple | None, n: int
 
 def _moments(run_id: str, moments: tuple | None, n: int) -> dict[str, np.ndarray]:
     """Full moment columns (NaN where a state has none, or a run recorded none of a kind)."""
-    full = {name: np.full(n, np.nan) for name in _MOMENTS}
+    full = {name: np.full(n, np.nan) for name in MOMENTS}
     if moments is not None:
         ids, values = moments
         if len(ids) and (ids.min() < 0 or ids.max() >= n):

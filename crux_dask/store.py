@@ -18,6 +18,7 @@ import pandas as pd
 from crux_dask.model import (
     CAUSE_COLUMNS,
     MOMENT_COLUMNS,
+    MOMENTS,
     MUTATION_COLUMNS,
     STATE_COLUMNS,
     CauseKind,
@@ -102,7 +103,8 @@ class PAGStore:
     for none).
 
     Per state too, the moments of the operation that made it
-    (``requested``, ``received``, ``runnable``) and the task's ``priority``
+    (``requested``, ``received``, ``runnable``), the task's ``priority`` and
+    its seconds on files (``io``)
     (NaN where not recorded, see
     :data:`~crux_dask.model.MOMENT_COLUMNS`) and ``cause``: the cause through
     which the resource freed last came (``-1`` for none).
@@ -142,6 +144,7 @@ class PAGStore:
         self.state_received = array("d")
         self.state_runnable = array("d")
         self.state_priority = array("d")
+        self.state_io = array("d")
         self.state_cause = array("i")
         self.cause_src = array("i")
         self.cause_dst = array("i")
@@ -279,7 +282,7 @@ class PAGStore:
 
     def moments_frame(self) -> pd.DataFrame:
         """The moments of the states that have any (:data:`crux_dask.model.MOMENT_COLUMNS`)."""
-        moments = {name: self.column(f"state_{name}") for name in _MOMENTS}
+        moments = {name: self.column(f"state_{name}") for name in MOMENTS}
         ids = np.flatnonzero(~np.all([np.isnan(v) for v in moments.values()], axis=0)) if (
             self.n_states) else np.zeros(0, np.int64)
         return pd.DataFrame({
@@ -289,7 +292,6 @@ class PAGStore:
         }).astype(MOMENT_COLUMNS)
 
 
-_MOMENTS = ("requested", "received", "runnable", "priority")
 _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from crux_dask.model import ROOT, CauseKind, MutationKind
+from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.rebuild import store_from_columns
 from crux_dask.store import NO_THREAD, PAGStore
 
@@ -61,7 +61,7 @@ def schemas() -> dict[str, Any]:
         "moments": pa.schema([
             ("state_id", pa.int64()), ("requested", pa.float64()),
             ("received", pa.float64()), ("runnable", pa.float64()),
-            ("priority", pa.float64()),
+            ("priority", pa.float64()), ("io", pa.float64()),
         ]),
         "scopes": pa.schema([
             ("kind", text), ("id", pa.string()), ("name", pa.string()),
@@ -73,7 +73,8 @@ def schemas() -> dict[str, Any]:
             ("cause_id", pa.int64()), ("kind", text), ("category", text),
             ("key", pa.string()), ("label", text), ("source", text), ("destination", text),
             ("size", pa.int64()), ("start", pa.float64()), ("stop", pa.float64()),
-            ("cost", pa.float64()), ("busy", pa.float64()), ("scheduling", pa.float64()),
+            ("cost", pa.float64()), ("busy", pa.float64()), ("io", pa.float64()),
+            ("scheduling", pa.float64()),
             ("queued", pa.float64()), ("wait", pa.float64()),
         ]),
     }
@@ -273,7 +274,7 @@ def store_from_arrow(run_id: str, states: Any, mutations: Any, causes: Any = Non
         moments=None if moments is None else (
             _numbers(moments.column("state_id"), "int64"),
             {name: moments.column(name).to_numpy().astype("float64")
-             for name in ("requested", "received", "runnable", "priority")
+             for name in MOMENTS
              if name in moments.column_names}),
         **strings,
     )

@@ -30,7 +30,7 @@ from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
 from crux_dask.dashboard.data import Component, GraphView, Source, cached_key_groups
-from crux_dask.path import CATEGORIES, CriticalPath
+from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
 DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
@@ -191,7 +191,7 @@ class PAGOverview(Component):
             column = {c: i for i, c in enumerate(CATEGORIES)}
             np.add.at(seconds, (where, steps["category"].map(column).to_numpy()),
                       steps["busy"].to_numpy())
-            for part in ("scheduling", "queued", "wait"):
+            for part in PARTS:
                 seconds[:, column[part]] += np.bincount(where, steps[part].to_numpy(),
                                                         len(visited))
             on_path = {g: dict(zip(CATEGORIES, row))

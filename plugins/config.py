@@ -54,6 +54,20 @@ def seconds(name: str, value: Any = None) -> float:
     return float(result)
 
 
+def patterns(name: str) -> tuple[str, ...]:
+    """A configured list of glob patterns.
+
+    Raises
+    ------
+    ValueError
+        If the value is not a list of strings.
+    """
+    raw = get(name)
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(p, str) for p in raw):
+        raise ValueError(f"crux-dask.{name} must be a list of glob patterns, got {raw!r}")
+    return tuple(raw)
+
+
 def positive_int(name: str, value: Any = None) -> int:
     """A configured positive integer.
 

@@ -24,7 +24,7 @@ from tornado.ioloop import IOLoop
 
 from crux_dask.codec import BatchError, decode_batch
 from crux_dask.columns import EventColumns
-from crux_dask.plugins.tasks import TASK, task_event
+from crux_dask.plugins.tasks import TASK, task_events
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
@@ -244,7 +244,7 @@ class Ingest:
                     parts.append(item)
                 elif item[0] is TASK:
                     try:
-                        events.append(task_event(item))
+                        events.extend(task_events(item))
                     except Exception as error:
                         refuse(item, error)
                 elif item[0] == LOST:  # what the worker held is gone

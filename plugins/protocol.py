@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENTS_HANDLER", "MOMENTS", "PLUGIN_NAME", "key_string"]
+__all__ = ["EVENTS_HANDLER", "FILES", "MOMENTS", "PLUGIN_NAME", "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
@@ -18,6 +18,9 @@ EVENTS_HANDLER = "crux_events"
 #: ``[received, runnable]``.  distributed sends the metadata to the scheduler
 #: with the task's completion, so the moments cost no message of their own.
 MOMENTS = "crux"
+#: Where a worker leaves, the same way, the files a task opened:
+#: ``[io seconds or None, host, [[path, written, size], ...]]``.
+FILES = "crux-files"
 
 
 def key_string(key: Any) -> str:

@@ -1,8 +1,9 @@
 """What the scheduler's transition hook records about a task, and how it is read.
 
 The hook keeps the entry in the scheduler's own terms, which costs it one
-tuple; :func:`task_event` turns it into the builder's ``compute`` event later,
-when the ingest applies it.
+tuple; :func:`task_events` turns it into the builder's events later, when the
+ingest applies it: the task's ``compute``, and around it the files it read
+and wrote.
 """
 
 from __future__ import annotations
@@ -11,34 +12,43 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from crux_dask.model import file_location
 from crux_dask.plugins.protocol import key_string
 
-__all__ = ["TASK", "priority_number", "task_event"]
+__all__ = ["TASK", "priority_number", "task_events"]
 
 #: Scales of :func:`priority_number`: a task's order within its graph stays
 #: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
+_NAN = float("nan")
 _ORDER_SCALE = 2.0**32
 _GENERATION_SCALE = 2.0**20
 
 #: First field of the queue entries the transition hook records: a task that
 #: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, root, sent, moments, priority)``:
-#: ``sent`` is ``(when the scheduler sent it, (key, worker) of the task that
-#: freed its queue slot or None)``, ``moments`` what its worker left in its
-#: metadata, ``[received, runnable]``, ``priority`` the task's priority tuple.
+#: dependencies, prefix, group, annotation, root, sent, moments, priority,
+#: files)``: ``sent`` is ``(when the scheduler sent it, (key, worker) of the
+#: task that freed its queue slot or None)``, ``moments`` and ``files`` what its
+#: worker left in its metadata, ``[received, runnable]`` and ``[io, host,
+#: [[path, written, size], ...]]``, ``priority`` the task's priority tuple.
 TASK = object()
 
 
-def task_event(item: Sequence[Any]) -> tuple:
-    """The builder's ``compute`` event of a :data:`TASK` entry of the queue.
+def task_events(item: Sequence[Any]) -> list[tuple]:
+    """The builder's events of a :data:`TASK` entry of the queue.
 
-    Start and stop come from the task's ``compute`` interval, kind, label,
-    location and reads from its ``crux`` annotation; a failed task makes a
-    state of size zero whose origin is ``erred``.  Moments a worker left in a
-    form other than two times or None are ignored.
+    The task's ``compute`` event: start and stop come from the task's
+    ``compute`` interval, kind, label, location and reads from its ``crux``
+    annotation; a failed task makes a state of size zero whose origin is
+    ``erred``.  Moments a worker left in a form other than two times or None
+    are ignored.
+
+    Before it, a ``file`` event for each file the task read; after it, one
+    for each file it wrote.  A task whose annotation says what it read or made
+    (``reads``, ``location``, ``mutation``) and a failed one have none; nor
+    have files reported in any other form than the worker's.
     """
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root, sent, moments, priority) = item
+     annotation, root, sent, moments, priority, files) = item
     start = stop = None
     for interval in startstops or ():
         if interval.get("action") == "compute":
@@ -55,11 +65,24 @@ def task_event(item: Sequence[Any]) -> tuple:
     erred = finish == "erred"
     sent_at, freed = sent if sent is not None else (None, None)
     received, runnable = _moments(moments)
-    return ("compute", key_string(key), worker, thread, start, stop, 0 if erred else nbytes,
-            tuple(key_string(d) for d in dependencies), root, label or prefix, group, kind,
-            location, "erred" if erred else None, reads, sent_at, received, runnable,
-            *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
-            priority_number(priority))
+    name = key_string(key)
+    told = location is not None or reads is not None or kind is not None  # the annotation wins
+    io, host, opened = (None, None, ()) if erred or told else _files(files)
+    compute = ("compute", name, worker, thread, start, stop, 0 if erred else nbytes,
+               tuple(key_string(d) for d in dependencies), root, label or prefix, group,
+               kind, location, "erred" if erred else None, reads, sent_at, received,
+               runnable,
+               *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
+               priority_number(priority), io)
+    if not opened:
+        return [compute]
+    return [
+        *(("file", name, worker, file_location(host, path), False, start, size, sent_at)
+          for path, written, size in opened if not written),
+        compute,
+        *(("file", name, worker, file_location(host, path), True, stop, size)
+          for path, written, size in opened if written),
+    ]
 
 
 def priority_number(priority: Any) -> float | None:
@@ -80,6 +103,26 @@ def priority_number(priority: Any) -> float | None:
         return None
     number = (user * _GENERATION_SCALE + generation) * _ORDER_SCALE + order
     return float(number) if number - number == 0.0 else None
+
+
+def _files(files: Any) -> tuple[float | None, str | None, list[tuple[str, bool, int]]]:
+    """``(io, host, [(path, written, size), ...])`` from what a worker left in the metadata.
+
+    Files that are gone (size ``-1``) are left out; anything not in the
+    worker's form gives no files.  ``io`` is NaN where the worker could not
+    measure it: a task that used files always has one, which tells the
+    builder to look for the copies of what it read.
+    """
+    try:
+        io, host, opened = files
+        if not isinstance(host, str) or not (io is None or (type(io) is float and io >= 0.0)):
+            return None, None, []
+        found = [(path, written, size) for path, written, size in opened
+                 if type(path) is str and type(written) is bool and type(size) is int
+                 and size >= 0]
+    except (TypeError, ValueError):
+        return None, None, []
+    return (_NAN if io is None else io) if found else None, host, found
 
 
 def _moments(moments: Any) -> tuple[float | None, float | None]:

@@ -2,7 +2,9 @@
 
 Recorded here: data fetched from other workers (with its source and the
 transfer's own start and stop), data scattered by the client and gathered back
-to it, spill to disk and load back, and data released.  Hooks append one tuple
+to it, spill to disk and load back, and data released.  The files a task
+opened (:mod:`crux_dask.plugins.files`) and a task's moments travel in the
+task's metadata instead, with its completion.  Hooks append one tuple
 to a buffer; a periodic callback packs the buffer with msgpack and sends it to
 the scheduler's ``crux_events`` handler, one round trip per batch, one batch
 in flight at a time.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from itertools import islice
 from time import time
 from typing import TYPE_CHECKING, Any
@@ -28,7 +31,8 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
-from crux_dask.plugins.protocol import EVENTS_HANDLER, MOMENTS, PLUGIN_NAME, key_string
+from crux_dask.plugins.files import FileRecorder
+from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES, MOMENTS, PLUGIN_NAME, key_string
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -81,6 +85,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         self.max_buffered_events = config.positive_int("max-buffered-events",
                                                        max_buffered_events)
         self.capture = dict(config.get("capture"))
+        self.file_patterns = (config.patterns("files.include"),
+                              config.patterns("files.exclude"))
         if not teardown_timeout >= 0:
             raise ValueError(f"teardown_timeout must be >= 0, got {teardown_timeout!r}")
         self.teardown_timeout = float(teardown_timeout)
@@ -113,6 +119,11 @@ class CruxWorkerPlugin(WorkerPlugin):
                            "log is disabled (distributed.admin.low-level-log-length: 0)")
         if self.capture.get("spill", True):
             self._hook_spill(worker.data)
+        self.files: FileRecorder | None = None
+        if self.capture.get("files", True):
+            self.host = socket.gethostname()
+            self.files = FileRecorder(worker, *self.file_patterns)
+            self.files.start()
         self._callback = PeriodicCallback(self._flush_soon, self.flush_interval * 1000)
         self._callback.start()
 
@@ -124,6 +135,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         not be sent stays in :attr:`buffer`, counted as ``events_unsent``.
         """
         self._callback.stop()
+        if self.files is not None:
+            self.files.stop()
         for callbacks, hook in self._spill_hooks:
             if hook in callbacks:
                 callbacks.remove(hook)
@@ -153,7 +166,10 @@ class CruxWorkerPlugin(WorkerPlugin):
         # few that do, cheapest first.
         try:
             if finish == "memory":
-                if start == "flight":
+                if start == "executing" or start == "long-running":
+                    if self.files is not None and key in self.files.by_task:
+                        self._files_done(key)
+                elif start == "flight":
                     self._fetched(key)
                 elif start == "released" and self._transfers:
                     now = self._now()
@@ -177,11 +193,27 @@ class CruxWorkerPlugin(WorkerPlugin):
             elif finish == "flight":
                 ts = self.worker.state.tasks.get(key)
                 self._flight_start[key] = (ts.coming_from if ts else None, self._now())
-            elif finish in ("released", "forgotten", "missing"):
+            elif finish in ("released", "forgotten", "missing", "error", "rescheduled"):
                 self._flight_start.pop(key, None)
                 self._requested.pop(key, None)
+                if self.files is not None and key in self.files.by_task:
+                    self.files.forget(key)
         except Exception as error:
             self._hook_failed(error)
+
+    def _files_done(self, key: Any) -> None:
+        """Leave what the task ``key`` did with files in its metadata, if it opened any."""
+        ts = self.worker.state.tasks.get(key)
+        if ts is None:
+            self.files.forget(key)
+            return
+        stop = next((s["stop"] for s in reversed(ts.startstops) if s["action"] == "compute"),
+                    None)
+        done = self.files.done(key, None if stop is None else stop - self.worker.scheduler_delay)
+        if done is not None:
+            # The metadata goes to the scheduler with the task's completion, in
+            # the message this transition has just made (it holds the same dict).
+            ts.metadata[FILES] = (done[0], self.host, done[1])
 
     def _released(self, key: Any) -> None:
         if self._transfers:  # a gather of this key, if any, goes first

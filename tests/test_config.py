@@ -54,6 +54,15 @@ def test_wrong_configuration_fails_early_with_a_clear_error(make):
         make()
 
 
+@pytest.mark.parametrize("patterns", ["*.csv", [3], None])
+def test_file_patterns_must_be_lists_of_globs(patterns):
+    import dask
+
+    with dask.config.set({"crux-dask.files.exclude": patterns}), pytest.raises(
+            ValueError, match=r"crux-dask\.files\.exclude must be a list of glob patterns"):
+        CruxWorkerPlugin()
+
+
 def test_configuration_is_read_when_plugins_are_built():
     import dask
 

@@ -32,8 +32,8 @@ from crux_dask.build.holdings import Holdings
 from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
-from crux_dask.events import Compute, Delete, Root, Transfer, parse
-from crux_dask.model import ROOT, CauseKind, MutationKind
+from crux_dask.events import Compute, Delete, FileAccess, Root, Transfer, parse
+from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPE
                                int(MutationKind.DELETE))
 _THREAD, _SLOT = int(CauseKind.THREAD), int(CauseKind.SLOT)
 _NAN = float("nan")
-#: An operation's ``requested``, ``received``, ``runnable`` and ``priority``, none recorded.
-_NO_MOMENTS = (_NAN, _NAN, _NAN, _NAN)
+#: An operation's moments (:data:`~crux_dask.model.MOMENTS`), none recorded.
+_NO_MOMENTS = (_NAN,) * len(MOMENTS)
 
 
 class PAGBuilder:
@@ -93,10 +93,11 @@ class PAGBuilder:
         self._root_key = store.key_code(ROOT, ROOT, "crux")
         self.places = Places(store)
         self.resolving: Any = None  # the event resolve_parked applies with stand-ins
+        self.file_reads: dict[str, list[int]] = {}  # task -> copies of the files it read
         self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
             "compute": self._compute, "transfer": self._transfer, "delete": self._delete,
-            "root": self._root}
+            "root": self._root, "file": self._file}
 
     @property
     def run_id(self) -> str:
@@ -185,7 +186,7 @@ class PAGBuilder:
                 sent: float | None = None, received: float | None = None,
                 runnable: float | None = None, released_by: str | None = None,
                 released_on: str | None = None, priority: float | None = None,
-                now: float = 0.0) -> int | None:
+                io: float | None = None, now: float = 0.0) -> int | None:
         """A task computed; the fields are those of :class:`~crux_dask.events.Compute`.
 
         ``kind`` is the event's ``mutation`` field.
@@ -193,7 +194,7 @@ class PAGBuilder:
         return self._compute(Compute(
             "compute", key, worker, thread, start, stop, nbytes, tuple(inputs), root, label,
             group, kind, location, origin, tuple(reads) if reads else None, sent, received,
-            runnable, released_by, released_on, priority), now)
+            runnable, released_by, released_on, priority, io), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:
@@ -229,7 +230,7 @@ class PAGBuilder:
         if e.thread is not None:
             index(e.thread)
         moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable),
-                   rules.moment(e.priority))
+                   rules.moment(e.priority), rules.moment(e.io))
         kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
         store, holdings = self.store, self.holdings
         memory = self.places.memory_of(e.worker)
@@ -244,9 +245,12 @@ class PAGBuilder:
         freed_by = lookups.freed_by(self, e, event, now)
         if freed_by == lookups.WAITS:
             return None
-        # Data the task read outside Dask: its newest copy, wherever it is.
+        # Data the task read outside Dask: its newest copy, wherever it is; the
+        # files it read, copied into its worker's memory for it.
         sources += [src for name in e.reads or () if (src := holdings.newest.get(name))
                     is not None]
+        if e.io is not None:
+            sources += self.file_reads.pop(e.key, ())
         labels = store.labels
         label = labels.code(e.label if e.label is not None else rules.key_label(e.key))
         previous = holdings.newest.get(e.key)
@@ -295,7 +299,15 @@ class PAGBuilder:
             places.worker[source] if worker == NO_CODE else worker, None,
             store.state_size[src] if e.nbytes is None else e.nbytes, e.start, e.stop,
             rules.copy_ready(store.state_ready[src], e.start, e.stop), (src,), _TRANSFER,
-            busy, (requested, _NAN, _NAN, _NAN)))
+            busy, (requested, *_NO_MOMENTS[1:])))
+
+    def _file(self, event: Any, now: float = 0.0) -> int | None:
+        e = event if type(event) is FileAccess else FileAccess(*event)
+        if type(e.written) is not bool or not e.location.startswith("file@"):
+            raise ValueError(f"not a file's access: {event!r:.120}")
+        if index(e.nbytes) < 0 or e.time - e.time != 0.0:  # refused if not numbers
+            raise ValueError(f"not a file's access: {event!r:.120}")
+        return operations.file_access(self, e, now)
 
     def _delete(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is Delete else Delete(*event)
@@ -368,6 +380,7 @@ class PAGBuilder:
         store.state_received.append(moments[1])
         store.state_runnable.append(moments[2])
         store.state_priority.append(moments[3])
+        store.state_io.append(moments[4])
         store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)
@@ -391,7 +404,7 @@ class PAGBuilder:
                   size: int, start: float, time: float, ready: float, sources: Sequence[int],
                   kind: int, busy: float,
                   moments: tuple[float, ...] = _NO_MOMENTS,
-                  causes: Sequence[tuple[int, int]] = ()) -> int:
+                  causes: Sequence[tuple[int, int]] = (), held: bool = True) -> int:
         """Add a state made by ``kind`` from ``sources``, held at ``location``; its id.
 
         ``key``, ``location`` and ``worker`` are codes (``worker`` ``None``:
@@ -399,7 +412,8 @@ class PAGBuilder:
         ``received`` and ``runnable`` times, ``causes`` ``(state, CauseKind)``
         pairs.  The state's last-arriving input and cause, what is held where
         and the graph's end follow the rules; waiting events are released by
-        :meth:`applied`.
+        :meth:`applied`.  A state not ``held`` (a copy made for one task
+        only) is not among what is held, nor a candidate for the graph's end.
         """
         store = self.store
         ready_of = store.state_ready
@@ -417,7 +431,7 @@ class PAGBuilder:
                 store.cause_src.append(src)
                 store.cause_dst.append(sid)
                 store.cause_kind.append(cause)
-        if location != self.places.root:
+        if held and location != self.places.root:
             self._hold(store.keys.values[key], location, sid)
             self.ends.add(sid, time, sources)
         return sid

@@ -1,8 +1,8 @@
 """What the scheduler adds to a graph besides Dask's events.
 
-An application outside Dask reporting a mutation, data Dask never reported, a
-worker lost with its data, and a new segment that goes on where a spooled one
-stopped.  Each is built
+An application outside Dask reporting a mutation, a file a task read or
+wrote, data Dask never reported, a worker lost with its data, and a new
+segment that goes on where a spooled one stopped.  Each is built
 from the builder's public steps, so the rules apply as for any event.
 """
 
@@ -12,14 +12,26 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from crux_dask.build import rules
-from crux_dask.model import CLIENT, MutationKind, disk_location, memory_location
+from crux_dask.events import FileAccess
+from crux_dask.model import (
+    CLIENT,
+    MOMENTS,
+    MutationKind,
+    disk_location,
+    file_label,
+    file_path,
+    memory_location,
+)
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
 
-__all__ = ["continue_from", "external", "lose", "unreported"]
+__all__ = ["continue_from", "external", "file_access", "lose", "unreported"]
 
 _TRANSFER, _APPEND = int(MutationKind.TRANSFER), int(MutationKind.APPEND)
+_NAN = float("nan")
+#: The moments of an operation, none recorded.
+_NOT_RECORDED = (_NAN,) * len(MOMENTS)
 
 
 def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, label: str,
@@ -51,6 +63,48 @@ def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, l
     return builder.applied(builder.new_state(
         store.key_code(key, label, origin), builder.places.code(location), None, None, size,
         start, stop, ready, sources, edge_kind, stop - start))
+
+
+def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
+    """A task read or wrote a file; returns the new state's id.
+
+    A read copies the file's newest version (one from the run's root if none
+    was recorded: the file was there before) into the worker's memory, for
+    the task's computation alone to take as an input (tasks that read one file
+    at once each have their copy); the copy counts as made at the task's
+    start, when the scheduler's sending of the task explains the wait.  A
+    write makes a new version of the file from the task's data, labelled by
+    its dataset, from the task's prefix.  The seconds the task
+    spent on its files are its computation's (``io``): the copies take none.
+    ``None`` if the write waits for the task's report.
+    """
+    store, places = builder.store, builder.places
+    where = places.code(e.location)
+    memory = places.memory_of(e.worker)
+    path = file_path(e.location)
+    if not e.written:
+        src = builder.holdings.at(path, where)
+        if src is None:
+            src = unreported(builder, path, where, None, e.nbytes)
+        requested = rules.moment(e.requested)
+        copy = builder.new_state(
+            store.state_key[src], memory, None, None, store.state_size[src], e.time, e.time,
+            rules.copy_ready(store.state_ready[src], e.time, e.time), (src,), _TRANSFER, 0.0,
+            (requested, *_NOT_RECORDED[1:]), held=False)
+        builder.file_reads.setdefault(e.key, []).append(copy)
+        return builder.applied(copy)
+    task = builder.holdings.at(e.key, memory)
+    if task is None:
+        task = builder.holdings.released_at(e.key, memory)
+    if task is None:
+        if builder.resolving is not e:
+            builder.waiting.park((e.key, memory), e, now)
+            return None
+        task = builder.run_root if builder.run_root >= 0 else builder.root(e.time)
+    prefix = store.labels.values[store.key_label[store.state_key[task]]]
+    return builder.applied(builder.new_state(
+        store.key_code(path, file_label(path), prefix), where, places.worker[memory], None,
+        e.nbytes, e.time, e.time, e.time, (task,), _TRANSFER, 0.0))
 
 
 def lose(builder: PAGBuilder, worker: str, time: float) -> int:
@@ -90,12 +144,13 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
     return len(carried)
 
 
-def unreported(builder: PAGBuilder, key: str, location: int, created: float | None) -> int:
+def unreported(builder: PAGBuilder, key: str, location: int, created: float | None,
+               size: int = 0) -> int:
     """A state for data of ``key`` at ``location`` that Dask never reported.
 
     A file that already existed, data the client scattered, data older than
     the capture: it appears from the run's root, at ``created`` (default: the
-    root's time).  Returns its id.
+    root's time), ``size`` bytes long where known.  Returns its id.
     """
     store = builder.store
     if builder.run_root < 0:
@@ -105,13 +160,13 @@ def unreported(builder: PAGBuilder, key: str, location: int, created: float | No
     newest = builder.holdings.newest.get(key)
     code = (store.key_code(key, _label_of(key, where), _origin_of(where))
             if newest is None else store.state_key[newest])
-    return builder.new_state(code, location, None, None, 0, time, time, time,
+    return builder.new_state(code, location, None, None, size, time, time, time,
                              (builder.run_root,), _APPEND, 0.0)
 
 
 def _label_of(key: str, location: str) -> str:
     if location.startswith("file@"):
-        return location.rpartition("/")[2] or location
+        return file_label(file_path(location))
     return rules.key_label(key)
 
 

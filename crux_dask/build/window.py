@@ -29,7 +29,8 @@ import numpy as np
 
 from crux_dask.build import arrays, rules
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
-from crux_dask.model import CauseKind, MutationKind
+from crux_dask.encoding import NOT_RECORDED
+from crux_dask.model import MOMENTS, CauseKind, MutationKind
 from crux_dask.store import NO_CODE, NO_THREAD
 
 if TYPE_CHECKING:
@@ -302,8 +303,8 @@ class _Window:
 
         # Moments and priorities, and the tasks that waited for their thread.
         moments = {name: np.full(f, np.nan)
-                   for name in ("requested", "received", "runnable", "priority")}
-        for name in moments:
+                   for name in MOMENTS}
+        for name in NOT_RECORDED:
             moments[name][ci] = c[name]
         moments["requested"][ti] = t["requested"]
         cause_src, cause_dst = builder.threads.causes(

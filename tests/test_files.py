@@ -1,0 +1,275 @@
+"""Files that tasks read and write become data states, without a change to user code.
+
+The files on disk are the independent witness: every file a workflow read or
+wrote must have a state of its size, and nothing else may.  A known injected
+delay checks the seconds a task spends on its files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster
+from distributed.utils_test import gen_cluster
+
+import crux_dask
+from crux_dask import PAGBuilder
+from crux_dask.model import file_label
+from crux_dask.path import CATEGORIES
+from crux_dask.plugins.tasks import TASK, task_events
+
+HOST = "node1"
+A = "tcp://10.0.0.1:1"
+
+
+# -- the graph's rules, on events -------------------------------------------
+def location(path: str) -> str:
+    return f"file@{HOST}:{path}"
+
+
+def test_a_file_read_by_two_tasks_is_one_state_and_a_rewrite_is_a_new_version():
+    b = PAGBuilder()
+    b.root(0.0)
+    for key, start in (("load-0", 1.0), ("load-1", 1.5)):
+        b.apply(("file", key, A, location("/data/in.csv"), False, start, 100, start - 0.2))
+        b.compute(key, A, 1, start, start + 0.4, 8, io=0.1)
+    b.apply(("file", "load-1", A, location("/data/in.csv"), True, 1.9, 250))
+    states = b.pag().states
+    files = states[states["location"] == location("/data/in.csv")]
+    assert files["size"].tolist() == [100, 250]  # read twice, then rewritten
+    assert files["origin"].tolist() == ["file", "load"]
+    mutations = b.pag().mutations
+    reads = mutations[mutations["src"] == files.index[0]]
+    assert reads["kind"].tolist() == ["TRANSFER", "TRANSFER"]
+    # Each task computed from its own copy of the file, which counts as made at its start.
+    copies = states.loc[reads["dst"]]
+    assert copies["time"].tolist() == [1.0, 1.5]
+    assert (copies["location"] == f"memory@{A}").all()
+    made = mutations[mutations["src"].isin(reads["dst"])]
+    assert states.loc[made["dst"], "key"].tolist() == ["load-0", "load-1"]
+    # A later read takes the newest version.
+    b.apply(("file", "use", A, location("/data/in.csv"), False, 2.0, 250))
+    b.compute("use", A, 1, 2.0, 2.1, 8, io=0.0)
+    path = b.pag().wcp()
+    assert path.states["key"].tolist()[-3:] == ["/data/in.csv"] * 2 + ["use"]
+    assert path.states["size"].tolist()[-3] == 250
+
+
+def test_a_computation_s_seconds_on_files_are_io_on_the_path():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.apply(("file", "load", A, location("/d/x.parquet/part.0.parquet"), False, 1.0, 10, 0.5))
+    b.compute("load", A, 1, 1.0, 2.0, 8, sent=0.5,
+              received=0.6, runnable=0.6, io=0.7)
+    path = b.pag().wcp()
+    assert path.breakdown["io"] == pytest.approx(0.7)
+    assert path.breakdown["compute"] == pytest.approx(0.3)
+    assert path.breakdown["scheduling"] == pytest.approx(1.0)  # root to start: sent at 0.5
+    assert path.breakdown["wait"] == pytest.approx(0.0)
+    assert path.states["label"].tolist()[1] == "x.parquet"
+    assert b.pag().moments["io"].dropna().tolist() == [0.7]
+
+
+def test_a_write_waits_for_the_report_of_its_task():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.apply(("file", "save", A, location("/out/a.bin"), True, 2.0, 64))
+    assert b.n_parked == 1
+    b.compute("save", A, 1, 1.0, 2.0, 8)
+    assert b.n_parked == 0
+    states = b.pag().states
+    (written,) = states.index[states["location"] == location("/out/a.bin")]
+    assert states.loc[written, ["size", "origin", "label"]].tolist() == [64, "save", "a.bin"]
+
+
+@pytest.mark.parametrize("event", [
+    ("file", "k", A, "memory@x", False, 1.0, 10),           # not a file's location
+    ("file", "k", A, location("/a"), "yes", 1.0, 10),      # written is not a flag
+    ("file", "k", A, location("/a"), False, float("nan"), 10),
+    ("file", "k", A, location("/a"), False, 1.0, -1),
+    ("file", "k", A, location("/a"), False, 1.0),           # too short
+])
+def test_a_malformed_file_event_is_refused_and_changes_nothing(event):
+    b = PAGBuilder()
+    b.root(0.0)
+    with pytest.raises((ValueError, TypeError)):
+        b.apply(event)
+    assert b.store.n_states == 1
+
+
+def test_what_a_worker_reports_in_another_form_gives_no_files():
+    def entry(files, annotation=None):
+        return (TASK, "t", "memory", A, 1, [{"action": "compute", "start": 1.0, "stop": 2.0}],
+                8, [], "t", "t", annotation, -1, None, None, None, files)
+
+    assert [e[0] for e in task_events(entry([0.1, HOST, [["/a", False, 5]]]))] == [
+        "file", "compute"]
+    for files in ([0.1, HOST], "junk", [-1.0, HOST, [["/a", False, 5]]],
+                  [0.1, HOST, [["/a", "no", 5]]], [0.1, 7, [["/a", False, 5]]]):
+        assert [e[0] for e in task_events(entry(files))] == ["compute"]
+    # A task that says itself what it wrote: the annotation wins.
+    told = task_events(entry([0.1, HOST, [["/a", True, 5]]], {"location": location("/b")}))
+    assert [e[0] for e in told] == ["compute"] and told[0][12] == location("/b")
+
+
+def test_files_are_labelled_by_their_dataset():
+    assert file_label("/d/out.parquet/part.0.parquet") == "out.parquet"
+    assert file_label("/d/x.zarr/x/0.0") == "x.zarr"
+    assert file_label("/home/me/data/0.csv") == "0.csv"
+
+
+# -- real workflows ---------------------------------------------------------------
+def write_bytes(path: str, n: int) -> str:
+    with open(path, "wb") as f:
+        f.write(os.urandom(n))
+    return path
+
+
+def read_then_wait(path: str, seconds: float) -> int:
+    with open(path, "rb") as f:
+        data = f.read()
+    time.sleep(seconds)  # off the CPU, as a task waiting for storage is
+    return len(data)
+
+
+def read_then_spin(path: str, seconds: float) -> int:
+    with open(path, "rb") as f:
+        data = f.read()
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:  # on the CPU
+        pass
+    return len(data)
+
+
+def file_states(pag: crux_dask.PAG, directory) -> pd.DataFrame:
+    states = pag.states
+    return states[states["location"].str.startswith("file@")
+                  & states["key"].str.startswith(str(directory))]
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)])
+async def test_patterns_and_annotations_decide_what_is_recorded(c, s, a, tmp_path):
+    for name in ("keep.bin", "skip-me.bin", "told.bin"):
+        write_bytes(str(tmp_path / name), 10)
+    with dask.config.set({"crux-dask.files.exclude": [str(tmp_path / "skip-*")]}):
+        await crux_dask.attach(c)
+    kept = dask.delayed(read_then_wait)(str(tmp_path / "keep.bin"), 0, dask_key_name="keep")
+    skipped = dask.delayed(read_then_wait)(str(tmp_path / "skip-me.bin"), 0,
+                                           dask_key_name="skip")
+    with dask.annotate(crux={"location": f"file@elsewhere:{tmp_path}/told.h5"}):
+        told = dask.delayed(read_then_wait)(str(tmp_path / "told.bin"), 0,
+                                            dask_key_name="told")
+    assert await c.gather(c.compute([kept, skipped, told])) == [10, 10, 10]
+    pag = await crux_dask.get_pag(c)
+    opened = file_states(pag, tmp_path)
+    assert sorted(opened["label"]) == ["keep.bin"]
+    assert (pag.states["location"] == f"file@elsewhere:{tmp_path}/told.h5").sum() == 1
+
+
+# The tests below share one cluster of worker processes (in-process clusters go first).
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        yield client
+
+
+def check_breakdown(path) -> None:
+    assert set(path.breakdown) == set(CATEGORIES)
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
+
+
+def test_a_csv_to_parquet_pipeline_and_its_second_reading(client, tmp_path):
+    (tmp_path / "in").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        n = 5_000 * (i + 1)
+        pd.DataFrame({"x": np.arange(n), "y": rng.random(n)}).to_csv(
+            tmp_path / "in" / f"{i}.csv", index=False)
+    df = dd.read_csv(str(tmp_path / "in" / "*.csv"))
+    df.assign(z=df.x * 2).to_parquet(str(tmp_path / "out.parquet"))
+    total = dd.read_parquet(str(tmp_path / "out.parquet"))["z"].sum().compute()
+    assert total == sum(2 * (5_000 * (i + 1)) * (5_000 * (i + 1) - 1) // 2 for i in range(4))
+
+    pag = crux_dask.get_pag(client)
+    files = file_states(pag, tmp_path)
+    on_disk = {str(p): p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
+    assert set(files["key"]) == set(on_disk)  # every file read or written, and nothing else
+    newest = files.drop_duplicates("key", keep="last").set_index("key")["size"]
+    assert newest.to_dict() == on_disk
+    inputs = files[files["key"].str.endswith(".csv")]
+    assert len(inputs) == 4 and (inputs["origin"] == "file").all()  # one state per file
+    outputs = files[files["label"] == "out.parquet"]
+    assert len(outputs) == len(on_disk) - 4 and outputs["key"].is_unique
+    assert outputs["origin"].str.startswith("toparquet").all()
+
+    # The second computation's path starts from a file the first one wrote.
+    path = pag.wcp()
+    steps = path.to_frame()
+    read_back = steps[(steps["kind"] == "TRANSFER")
+                      & steps["source"].isin(outputs["location"])]
+    assert len(read_back) == 1
+    assert steps.loc[read_back.index[0] + 1, "label"].startswith("read_parquet")
+    assert path.breakdown["io"] > 0
+    check_breakdown(path)
+
+    dataset = crux_dask.export_parquet(client, tmp_path / "runs")
+    offline = crux_dask.read_parquet(dataset)
+    pd.testing.assert_frame_equal(offline.states, pag.states)
+    pd.testing.assert_frame_equal(offline.moments, pag.moments)
+    assert offline.wcp().breakdown == pytest.approx(path.breakdown)
+
+
+def test_plain_open_in_delayed_functions_and_the_seconds_spent_on_files(client, tmp_path):
+    written = dask.delayed(write_bytes)(str(tmp_path / "blob.bin"), 12_345,
+                                        dask_key_name="write-blob")
+    waited = dask.delayed(read_then_wait)(written, 0.4, dask_key_name="wait-blob")
+    spun = dask.delayed(read_then_spin)(written, 0.4, dask_key_name="spin-blob")
+    assert dask.compute(waited, spun) == (12_345, 12_345)
+
+    pag = crux_dask.get_pag(client)
+    (blob,) = file_states(pag, tmp_path).itertuples()
+    assert (blob.size, blob.origin, blob.label) == (12_345, "write-blob", "blob.bin")
+    states, mutations = pag.states, pag.mutations
+    copies = mutations[(mutations["src"] == blob.Index) & (mutations["kind"] == "TRANSFER")]
+    readers = mutations[mutations["src"].isin(copies["dst"])]
+    assert sorted(states.loc[readers["dst"], "key"]) == ["spin-blob", "wait-blob"]
+    io = pag.moments.set_index("state_id")["io"]
+    by_key = {states.loc[sid, "key"]: io[sid] for sid in readers["dst"]}
+    # Slept 0.4 s after opening: 0.4 s off the CPU; spun 0.4 s of CPU: hardly any.
+    assert 0.39 <= by_key["wait-blob"] <= 0.6
+    assert by_key["spin-blob"] <= 0.1
+
+
+def import_a_module(directory: str) -> str:
+    sys.path.insert(0, directory)
+    try:
+        import crux_test_helper_module
+    finally:
+        sys.path.remove(directory)
+    return crux_test_helper_module.NAME
+
+
+def test_files_the_worker_opens_itself_never_appear(client, tmp_path):
+    (tmp_path / "crux_test_helper_module.py").write_text("NAME = 'helper'\n")
+    data = client.scatter(list(range(4)))
+    assert client.submit(import_a_module, str(tmp_path)).result() == "helper"
+    # Spill what the workers hold, and load it back.
+    client.run(lambda dask_worker: dask_worker.data.evict())
+    assert client.submit(sum, data).result() == 6
+
+    pag = crux_dask.get_pag(client)
+    states = pag.states
+    assert states["location"].str.startswith("disk@").any()  # spilled indeed
+    opened = states.loc[states["location"].str.startswith("file@"), "key"]
+    base = str(tmp_path.parent.parent)  # the temporary directories of these tests
+    assert opened.str.startswith(base).all(), opened.tolist()
+    assert not opened.str.endswith((".py", ".pyc")).any()

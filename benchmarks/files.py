@@ -54,7 +54,7 @@ def main() -> None:
         task: dict[str, list[float]] = {name: [] for name in clients}
         wall: dict[str, list[float]] = {name: [] for name in clients}
         try:
-            for name, client in clients.items():  # warm up: imports, the page cache
+            for client in clients.values():  # warm up: imports, the page cache
                 client.submit(read_all, paths, pure=False).result()
             for round_ in range(args.rounds):
                 order = list(clients) if round_ % 2 == 0 else list(reversed(clients))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import site
+import stat
 import sys
 import threading
 import time
@@ -33,8 +34,10 @@ from distributed.worker import thread_state
 
 __all__ = ["FileRecorder"]
 
-#: Recorders by the id of the worker they serve; the hook's only way in.
+#: Recorders by the id of the worker they serve; the hook's only way in, and
+#: the only one when there is one (a worker process has one worker).
 _recorders: dict[int, FileRecorder] = {}
+_single: FileRecorder | None = None
 _installed = False
 _install_lock = threading.Lock()
 
@@ -46,19 +49,26 @@ _SKIPPED_SUFFIXES = (".py", ".pyc", ".so", ".pth")
 _SKIPPED_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 
-def _audit(event: str, args: tuple) -> None:
-    """The process's audit hook: hand an ``open`` by a task to its worker's recorder."""
-    if event != "open" or not _recorders:
-        return
-    try:
-        key = getattr(thread_state, "key", None)
+def _audit(event: str, args: tuple, _state: Any = thread_state,
+           _watching: dict = _recorders) -> None:
+    """The process's audit hook: note an ``open`` by a task for its worker's recorder.
+
+    As little as can be, in the task's thread (the defaults save global
+    lookups): which recorder, and the event's arguments appended to the
+    task's list; the rest waits for :meth:`FileRecorder.done`.
+    """
+    if event == "open" and _watching:
+        key = getattr(_state, "key", None)
         if key is None:
             return
-        recorder = _recorders.get(id(thread_state.execution_state["worker"]))
-        if recorder is not None:
-            recorder.opened(key, args[0], args[2])
-    except Exception:  # an audit hook that raises fails the open: never
-        return
+        try:
+            recorder = _single or _watching[id(_state.execution_state["worker"])]
+            opened = recorder.by_task.get(key)
+            if opened is None:
+                opened = recorder.first_open(key)
+            opened.append(args)
+        except Exception:  # an audit hook that raises fails the open: never
+            return
 
 
 def _install() -> None:
@@ -86,9 +96,10 @@ class FileRecorder:
     Attributes
     ----------
     by_task : dict
-        For each task that opened files and is not done yet, ``{path: written}``.
+        For each task that opened files and is not done yet, the arguments
+        of each ``open`` (``(path, mode, flags)``).
     opened_files : int
-        Opens recorded (a file opened twice by one task counts twice).
+        Files recorded (a file opened by two tasks counts twice).
     """
 
     def __init__(self, worker: Any, include: Iterable[str] = (),
@@ -102,58 +113,61 @@ class FileRecorder:
         self.skipped = _SKIPPED_PREFIXES + tuple(
             os.path.join(os.path.abspath(p), "") for p in prefixes if p)
         self.opened_files = 0
-        self.by_task: dict[Any, dict[str, bool]] = {}
+        self.by_task: dict[Any, list[tuple]] = {}
         # key -> (wall, thread CPU, thread) at its first open
         self._first: dict[Any, tuple[float, float, int]] = {}
 
     def start(self) -> None:
         """Watch the worker's tasks from now on."""
+        global _single
         _install()
         _recorders[id(self.worker)] = self
+        _single = self if len(_recorders) == 1 else None
 
     def stop(self) -> None:
         """Stop watching; what was recorded for tasks not done yet is dropped."""
+        global _single
         if _recorders.get(id(self.worker)) is self:
             del _recorders[id(self.worker)]
+        _single = next(iter(_recorders.values())) if len(_recorders) == 1 else None
         self.by_task.clear()
         self._first.clear()
 
-    def opened(self, key: Any, path: Any, flags: int) -> None:
-        """The task ``key`` opened ``path`` with ``flags`` (in the task's thread)."""
-        if type(path) is not str:
-            if isinstance(path, int) or path is None:
-                return  # a descriptor: its file was opened, and seen, before
-            path = os.fsdecode(path)
-        if flags & _DIRECTORY:
-            return
-        if path[:1] != "/":
-            path = os.path.abspath(path)
-        if path.startswith(self.skipped) or path.endswith(_SKIPPED_SUFFIXES):
-            return
-        if self.include and not any(fnmatchcase(path, p) for p in self.include):
-            return
-        if self.exclude and any(fnmatchcase(path, p) for p in self.exclude):
-            return
-        files = self.by_task.get(key)
-        if files is None:
-            self._first[key] = (time.time(), time.thread_time(), threading.get_ident())
-            files = self.by_task[key] = {}
-        files[path] = bool(flags & _WRITES) or files.get(path, False)
-        self.opened_files += 1
+    def first_open(self, key: Any) -> list[tuple]:
+        """The task ``key`` opens its first file now (in the task's thread): its list."""
+        self._first[key] = (time.time(), time.thread_time(), threading.get_ident())
+        opened = self.by_task[key] = []
+        return opened
 
     def done(self, key: Any, stop: float | None) -> tuple[float | None, list] | None:
         """What the task ``key``, done now, did with files: ``(io, files)`` or None.
 
-        ``files`` are ``[path, written, size]`` (size ``-1`` for a file that
-        is gone); ``io`` the seconds the task's thread was off the CPU from its
-        first open to ``stop`` (the task's end in this process's clock), None
-        where it cannot be read.  Called in the worker's event loop, after the
-        task's thread let go of it.
+        ``files`` are ``[path, written, size]``, each file once, those left out
+        by the patterns or as the worker's own dropped (relative paths are
+        taken from the current directory); ``io`` the seconds the task's
+        thread was off the CPU from its first open to ``stop`` (the task's end
+        in this process's clock), None where it cannot be read.  Called in the
+        worker's event loop, after the task's thread let go of it.
         """
-        files = self.by_task.pop(key, None)
+        opened = self.by_task.pop(key, None)
         first = self._first.pop(key, None)
-        if files is None or first is None:
+        if opened is None or first is None:
             return None
+        written: dict[str, bool] = {}
+        for path, _, flags in opened:
+            if type(path) is not str:
+                if isinstance(path, int) or path is None:
+                    continue  # a descriptor: its file was opened, and seen, before
+                path = os.fsdecode(path)
+            if flags & _DIRECTORY:
+                continue
+            written[path] = bool(flags & _WRITES) or written.get(path, False)
+        files = [[path, wrote, size] for name, wrote in written.items()
+                 if self.wanted(path := os.path.abspath(name))
+                 and (size := _size(path)) >= 0]
+        if not files:
+            return None
+        self.opened_files += len(files)
         opened_at, cpu_at, thread = first
         io = None
         if stop is not None:
@@ -162,7 +176,15 @@ class FileRecorder:
                 io = max(0.0, (stop - opened_at) - cpu)
             except (OSError, AttributeError, ValueError):
                 io = None
-        return io, [[path, written, _size(path)] for path, written in files.items()]
+        return io, files
+
+    def wanted(self, path: str) -> bool:
+        """Whether the file at ``path`` (absolute) is recorded."""
+        if path.startswith(self.skipped) or path.endswith(_SKIPPED_SUFFIXES):
+            return False
+        if self.include and not any(fnmatchcase(path, p) for p in self.include):
+            return False
+        return not (self.exclude and any(fnmatchcase(path, p) for p in self.exclude))
 
     def forget(self, key: Any) -> None:
         """The task ``key`` ended without a result: what it opened is not recorded."""
@@ -171,7 +193,9 @@ class FileRecorder:
 
 
 def _size(path: str) -> int:
+    """The file's size in bytes; -1 if it is gone (or not a file)."""
     try:
-        return os.stat(path).st_size
+        found = os.stat(path)
     except OSError:
         return -1
+    return found.st_size if stat.S_ISREG(found.st_mode) else -1

@@ -105,6 +105,9 @@ class Ingest:
         self.park_timeout = park_timeout
         self.slice_events = slice_events
         self.queue: deque[tuple | EventColumns] = deque()
+        # Events a task's entry unfolded into that the slice had no room for
+        # (a task that opened many files): applied before the queue goes on.
+        self.backlog: deque[tuple] = deque()
         self.pending = 0
         self.taken = 0
         self.counts = dict.fromkeys(_COUNTS, 0)
@@ -203,7 +206,7 @@ class Ingest:
         instead of after the park timeout.
         """
         target = self.received
-        while self.taken < target and self.queue:
+        while (self.taken < target and self.queue) or self.backlog:
             self.apply_slice()
             await asyncio.sleep(0)
         self._resolve(None)
@@ -211,13 +214,15 @@ class Ingest:
     def apply_slice(self) -> int:
         """Apply the oldest queued events, at most :attr:`limit` of them.
 
-        An event that cannot be applied is counted and the others go on.
-        Returns how many events were taken from the queue.
+        The backlog goes first.  An event that cannot be applied is counted
+        and the others go on.  Returns how many events were taken from the
+        queue.
         """
         started = time.perf_counter(), time.thread_time()
-        queue = self.queue
+        queue, backlog = self.queue, self.backlog
         now = time.monotonic()
         taken = failed = 0
+        room = self.limit  # events this slice may still apply
 
         def refuse(event: Any, error: Exception) -> None:
             nonlocal failed
@@ -227,16 +232,20 @@ class Ingest:
         parts: list[EventColumns] = []  # runs of events, applied together
         events: list[tuple] = []
         try:
-            while queue and taken < self.limit:
+            while backlog and room > 0:
+                events.append(backlog.popleft())
+                room -= 1
+            while queue and room > 0:
                 item = queue[0]
                 in_columns = isinstance(item, EventColumns)
                 size = len(item) if in_columns else 1
-                if taken + size > self.limit:  # a batch too large for what is left
-                    size = self.limit - taken
+                if size > room:  # a batch too large for what is left
+                    size = room
                     item, queue[0] = item.rows(0, size), item.rows(size, len(item))
                 else:
                     queue.popleft()
                 taken += size
+                room -= size
                 if in_columns:
                     if events:
                         parts.append(EventColumns.from_events(events))
@@ -244,9 +253,14 @@ class Ingest:
                     parts.append(item)
                 elif item[0] is TASK:
                     try:
-                        events.extend(task_events(item))
+                        unfolded = task_events(item)
                     except Exception as error:
                         refuse(item, error)
+                    else:
+                        fits = max(room, 0) + 1
+                        events.extend(unfolded[:fits])
+                        backlog.extend(unfolded[fits:])
+                        room -= min(len(unfolded), fits) - 1
                 elif item[0] == LOST:  # what the worker held is gone
                     self._apply_run(parts, events, now, refuse)
                     parts, events = [], []
@@ -265,8 +279,9 @@ class Ingest:
         self._spool_if_due()
         elapsed = self._took(started)
         target = self.slice_seconds
-        if target is not None and (taken >= self.limit or elapsed > target):
-            fits = int(0.8 * taken * target / max(elapsed, 1e-6))
+        applied = self.limit - room
+        if target is not None and (room <= 0 or elapsed > target):
+            fits = int(0.8 * applied * target / max(elapsed, 1e-6))
             self.limit = min(self.slice_events, max(SLICE_MIN, fits))
         return taken
 
@@ -274,7 +289,7 @@ class Ingest:
         self._soon = False
         try:
             self.apply_slice()
-            if self.queue:
+            if self.queue or self.backlog:
                 self.apply_soon()
             else:
                 self._resolve(time.monotonic() - self.park_timeout)

@@ -18,6 +18,7 @@ from crux_dask.dashboard.data import live_source
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.spool import Spool
+from crux_dask.plugins.tasks import TASK
 
 TOKEN = "s3cret-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -61,6 +62,32 @@ def test_a_worker_batch_larger_than_a_slice_is_split():
     keys = ingest.builder.store.keys.values
     assert keys[1:] == [f"a-{i}" for i in range(100)] + [f"b-{i}" for i in range(1000)] + [
         f"c-{i}" for i in range(10)]
+
+
+def test_a_task_that_opened_many_files_is_applied_over_several_slices():
+    def task(key: str, start: float, n_files: int) -> tuple:
+        files = [0.1, "node1", [[f"/d/{key}-{i}", False, 10] for i in range(n_files)]]
+        return (TASK, key, "memory", "tcp://w:1", 1,
+                [{"action": "compute", "start": start, "stop": start + 0.5}], 8, [], "t", "t",
+                None, -1, None, None, None, files)
+
+    ingest = new_ingest(slice_events=100)
+    for item in (task("big", 1.0, 250), task("small", 2.0, 1)):
+        ingest.queue.append(item)
+        ingest.pending += 1
+    # 250 reads and the task, then the other task and its read: at most a slice at a time.
+    applied = []
+    while ingest.queue or ingest.backlog:
+        before = ingest.builder.n_applied
+        ingest.apply_slice()
+        applied.append(ingest.builder.n_applied - before)
+    assert applied == [100, 100, 53]
+    states = ingest.builder.pag().states
+    assert states["key"].tolist()[-2:] == ["/d/small-0", "small"]
+    big = states.index[states["key"] == "big"][0]
+    mutations = ingest.builder.pag().mutations
+    assert (mutations["dst"] == big).sum() == 250  # every file it read is an input
+    assert ingest.counts["events_applied"] == 2 == ingest.received
 
 
 def test_a_slice_is_applied_in_the_order_things_happened():

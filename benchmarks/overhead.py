@@ -155,6 +155,14 @@ def noop() -> None:
     return None
 
 
+#: Run at start-up of the ``crux-other`` processes: forget the finder of an
+#: editable install of crux_dask, so that the other version is imported.
+_DROP_EDITABLE_FINDER = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, "__module__", "").startswith("__editable___crux_dask")]
+"""
+
+
 class Cluster:
     """A scheduler and worker processes started as subprocesses, so each can be measured.
 
@@ -178,18 +186,25 @@ class Cluster:
         if self.crux:
             env.update(PRELOAD)
         if config == "crux-other":
+            # Ahead of the package installed here, which an editable install
+            # would otherwise serve first (a meta path finder of its own).
+            site_dir = workdir / "other-site"
+            site_dir.mkdir(exist_ok=True)
+            (site_dir / "sitecustomize.py").write_text(_DROP_EDITABLE_FINDER)
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(other), *filter(None, [os.environ.get("PYTHONPATH")])])
+                [str(site_dir), str(other), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PYTHONWARNINGS"] = "ignore"
         # One thread per worker process, numpy's included (a nanny would set these).
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         scheduler_file = workdir / f"scheduler-{config}-{time.time_ns()}.json"
         python = sys.executable
+        # Started in the work directory, so that no crux_dask in the current one shadows
+        # the version meant.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         self.scheduler = subprocess.Popen(
             [python, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
              "--port", "0", "--dashboard-address", ":0", "--scheduler-file",
-             str(scheduler_file)], env=env, **quiet)
+             str(scheduler_file)], env=env, cwd=workdir, **quiet)
         deadline = time.monotonic() + 60
         while not scheduler_file.exists():
             if time.monotonic() > deadline or self.scheduler.poll() is not None:
@@ -200,7 +215,7 @@ class Cluster:
             [python, "-m", "distributed.cli.dask_worker", "--scheduler-file",
              str(scheduler_file), "--nthreads", "1", "--no-nanny", "--name", f"w{i}",
              "--local-directory", str(workdir / f"w{i}"), "--dashboard-address", ":0"],
-            env=env, **quiet) for i in range(n_workers)]
+            env=env, cwd=workdir, **quiet) for i in range(n_workers)]
         self.client = Client(scheduler_file=str(scheduler_file))
         self.client.wait_for_workers(n_workers, timeout=60)
         if config == "task-stream":

@@ -8,8 +8,8 @@ from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColu
 
 from crux_dask.dashboard.data import Component, GraphView, Source
 
-COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "scheduling",
-           "queued", "wait", "scope")
+COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io",
+           "scheduling", "queued", "wait", "scope")
 
 
 class StepsTable(Component):
@@ -32,6 +32,7 @@ class StepsTable(Component):
             TableColumn(field="source", title="from", width=180),
             TableColumn(field="destination", title="to", width=180),
             TableColumn(field="busy", title="busy (s)", formatter=seconds, width=70),
+            TableColumn(field="io", title="io (s)", formatter=seconds, width=60),
             TableColumn(field="scheduling", title="scheduling (s)", formatter=seconds,
                         width=80),
             TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),

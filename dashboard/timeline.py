@@ -19,13 +19,13 @@ from crux_dask.model import CauseKind, MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
 COLUMNS = ("lane", "left", "right", "wait_left", "kind", "via", "color", "key", "label",
-           "size", "source", "destination", "busy", "scheduling", "queued", "wait", "start",
-           "stop")
+           "size", "source", "destination", "busy", "io", "scheduling", "queued", "wait",
+           "start", "stop")
 LINKS = ("x0", "y0", "x1", "y1", "color", "via")
 
 
 class WCPTimeline(Component):
-    """The critical path's steps as bars: the busy part solid, the waiting before it a line."""
+    """The critical path's steps as bars: the busy part and its io solid, the wait a line."""
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -47,7 +47,8 @@ class WCPTimeline(Component):
         self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
             ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
             ("size", "@size{0.0 b}"), ("from", "@source"), ("to", "@destination"),
-            ("busy", "@busy{0.000} s"), ("scheduling", "@scheduling{0.000} s"),
+            ("busy", "@busy{0.000} s"), ("io", "@io{0.000} s"),
+            ("scheduling", "@scheduling{0.000} s"),
             ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
 
@@ -60,14 +61,14 @@ class WCPTimeline(Component):
         # Numbers go as numpy arrays (sent to the browser in binary), text as lists.
         data = {
             "lane": steps["destination"].tolist(),
-            "left": stop - steps["busy"].to_numpy(),
+            "left": stop - steps["busy"].to_numpy() - steps["io"].to_numpy(),
             "right": stop,
             "wait_left": stop - steps["cost"].to_numpy(),
             "kind": steps["kind"].tolist(),
             "via": steps["via"].tolist(),
             "color": color.tolist(),
             **{c: steps[c].tolist() for c in ("key", "label", "source", "destination")},
-            **{c: steps[c].to_numpy() for c in ("size", "busy", "scheduling", "queued",
+            **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "scheduling", "queued",
                                                  "wait", "start", "stop")},
         }
         self.root.y_range.factors = sorted(set(data["lane"]))

@@ -12,7 +12,9 @@ import msgpack
 from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 
 import crux_dask
+from crux_dask import PAGBuilder
 from crux_dask.codec import MAX_BATCH_BYTES, encode_batch
+from crux_dask.events import Compute
 from crux_dask.plugins import CruxWorkerPlugin
 
 
@@ -176,3 +178,45 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
     assert sorted(computed["key"]) == sorted(f"step-{i}" for i in range(3_000))
     assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
     assert stats["inputs_substituted"] == 0  # every input found, across segments too
+
+
+class CountingBuilder(PAGBuilder):
+    """A builder that counts the events it is given."""
+
+    applied_events = 0
+
+    def apply(self, event, now=0.0):
+        self.applied_events += 1
+        return super().apply(event, now)
+
+
+def test_a_worker_that_never_reports_costs_each_waiting_event_a_round_or_two():
+    # Root tasks on worker A, each released from the scheduler's queue by the task
+    # before it on B; each task on B computed from its partner on A, fetched by B,
+    # which never reports a fetch.  Every task waits for another waiting one.
+    a, b, n = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", 300
+    builder = CountingBuilder()
+    builder.root(0.0)
+    events = []
+    for i in range(n):
+        t = 1.0 + 2 * i
+        events.append(Compute("compute", f"a-{i}", a, 1, t, t + 0.5, 8,
+                              released_by=f"b-{i - 1}" if i else None,
+                              released_on=b if i else None))
+        events.append(Compute("compute", f"b-{i}", b, 1, t + 1.0, t + 1.5, 8, (f"a-{i}",)))
+    builder.apply_many(events)
+    assert builder.n_parked == 2 * n - 1  # everything but the first root task waits
+    before = builder.applied_events
+    builder.resolve_parked()
+    assert builder.n_parked == 0
+    assert builder.applied_events - before <= 2 * (2 * n - 1)  # not once per round per event
+    states = builder.pag().states.set_index("key")
+    mutations = builder.pag().mutations
+    # Each b computed from the newest copy of its a (the fetch never came), each
+    # a caused by the b that freed its slot.
+    made = mutations[mutations["kind"] != "DELETE"]
+    assert dict(zip(states.iloc[made["dst"]].index, states.iloc[made["src"]].index)) == {
+        **{f"a-{i}": "root" for i in range(n)}, **{f"b-{i}": f"a-{i}" for i in range(n)}}
+    causes = builder.pag().causes
+    slots = causes[causes["kind"] == "SLOT"]
+    assert len(slots) == n - 1

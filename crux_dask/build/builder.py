@@ -33,7 +33,7 @@ from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, FileAccess, Root, Transfer, parse
-from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
+from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind, file_path
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -354,8 +354,23 @@ class PAGBuilder:
             they were applied with); all of them by default.
         """
         applied = self.n_applied
-        self.waiting.resolve(self.apply, self._apply_with_stand_ins, older_than)
+        self.waiting.resolve(self.apply, self._apply_with_stand_ins, older_than,
+                             self._made_by)
         return self.n_applied - applied
+
+    def _made_by(self, event: Any) -> tuple[str, int] | None:
+        """The ``(key, location code)`` an event makes, if any (a waiting event's slot)."""
+        try:
+            record = parse(event)
+            if type(record) is Compute:
+                return record.key, self.places.memory_of(record.worker)
+            if type(record) is Transfer:
+                return record.key, self.places.code(record.destination)
+            if type(record) is FileAccess and record.written:  # a read's copy is its task's
+                return file_path(record.location), self.places.code(record.location)
+        except (ValueError, TypeError, AttributeError):
+            pass  # malformed: it makes nothing
+        return None
 
     def _apply_with_stand_ins(self, event: Any) -> None:
         self.resolving = event

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from crux_dask.events import Delete, Event, event_time, parse
+from crux_dask.events import Event, event_time
 
 __all__ = ["Waiting"]
 
@@ -79,22 +79,25 @@ class Waiting:
             self.since.setdefault(mine, other.since.get(slot, 0.0))
 
     def resolve(self, apply: Callable[[Event, float], Any],
-                apply_with_stand_ins: Callable[[Event], Any], older_than: float | None) -> None:
+                apply_with_stand_ins: Callable[[Event], Any], older_than: float | None,
+                made_by: Callable[[Event], Slot | None]) -> None:
         """Apply waiting events, giving those whose input will never come a stand-in.
 
-        An event waiting for data that another waiting event makes waits for
-        that event to be applied first: event times alone cannot order them,
-        as each worker's clock is converted with its own estimate of the
-        scheduler's.  The others go with ``apply_with_stand_ins``; all of
-        them, oldest first, so that chains resolve in order.  Events that
-        wait again are not counted as new waits.
+        An event waiting for data that another waiting event makes (the same
+        key at the same place, ``made_by``) waits for that event to be applied
+        first: event times alone cannot order them, as each worker's clock is
+        converted with its own estimate of the scheduler's.  The others go
+        with ``apply_with_stand_ins``; all of them, oldest first, so that
+        chains resolve in order.  Events that wait again are not counted as
+        new waits.  Matching what is made by place, not by key alone, keeps
+        this to a round or two when a worker never reports: its fetches never
+        come, but the tasks they copy are made elsewhere.
         """
         total = self.total
         while waiting := self.take(older_than):
             waiting.sort(key=lambda item: event_time(item[2]))
-            made = {record.key for _, _, event in waiting
-                    if type(record := parse(event)) is not Delete}
-            stand_ins = [event for (key, _), _, event in waiting if key not in made]
+            made = {slot for _, _, event in waiting if (slot := made_by(event)) is not None}
+            stand_ins = [event for slot, _, event in waiting if slot not in made]
             # Waiting for each other all round: the oldest goes first.
             chosen = {id(event) for event in stand_ins or [waiting[0][2]]}
             for _, since, event in waiting:

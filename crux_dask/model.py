@@ -169,10 +169,26 @@ def file_label(path: str) -> str:
     nearest such directory; any other file by its name.
     """
     parts = path.rstrip("/").split("/")
-    for part in reversed(parts[:-1]):
-        if part.endswith(DATASET_SUFFIXES):
-            return part
-    return parts[-1] or path
+    dataset = _dataset(parts)
+    return parts[dataset] if dataset else parts[-1] or path
+
+
+def file_group(path: str) -> str:
+    """Where a file's states are shown together: its dataset's directory, else its own.
+
+    ``/d/out.parquet/part.0.parquet`` → ``/d/out.parquet``; ``/d/in/0.csv`` → ``/d/in/``.
+    """
+    parts = path.rstrip("/").split("/")
+    dataset = _dataset(parts)
+    return "/".join(parts[:dataset + 1]) if dataset else "/".join(parts[:-1]) + "/"
+
+
+def _dataset(parts: list[str]) -> int:
+    """Index of the nearest directory of ``parts`` named like a dataset; 0 if none."""
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i].endswith(DATASET_SUFFIXES):
+            return i
+    return 0
 
 
 def location_class(location: str) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.dashboard.components import DashboardComponent
 from distributed.utils import log_errors
 
+from crux_dask.model import file_group
 from crux_dask.pag import PAG
 from crux_dask.plugins.scopes import group_of
 from crux_dask.scopes import KeyGroups, Scope, scope_path
@@ -33,8 +34,13 @@ class PathSelection:
     scope: Scope | None = None
 
 
+def _shown_group(key: str) -> str:
+    """A key's task group; a file's (its path) is its dataset or directory."""
+    return file_group(key) if key.startswith("/") else group_of(key)
+
+
 #: The task group of each key of the graphs shown, found once per key.
-cached_key_groups = KeyGroups(group_of)
+cached_key_groups = KeyGroups(_shown_group)
 
 
 @dataclass

@@ -21,7 +21,8 @@ from distributed.utils_test import gen_cluster
 
 import crux_dask
 from crux_dask import PAGBuilder
-from crux_dask.model import file_label
+from crux_dask.dashboard.data import cached_key_groups
+from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins.tasks import TASK, task_events
 
@@ -119,10 +120,22 @@ def test_what_a_worker_reports_in_another_form_gives_no_files():
     assert [e[0] for e in told] == ["compute"] and told[0][12] == location("/b")
 
 
-def test_files_are_labelled_by_their_dataset():
+def test_files_are_labelled_and_shown_by_their_dataset():
     assert file_label("/d/out.parquet/part.0.parquet") == "out.parquet"
     assert file_label("/d/x.zarr/x/0.0") == "x.zarr"
     assert file_label("/home/me/data/0.csv") == "0.csv"
+    assert file_group("/d/out.parquet/part.0.parquet") == "/d/out.parquet"
+    assert file_group("/d/x.zarr/x/0.0") == "/d/x.zarr"
+    assert file_group("/home/me/data/0.csv") == "/home/me/data/"
+    # On the dashboard's map, the 200 parts of a dataset are one group, not 200.
+    b = PAGBuilder()
+    b.root(0.0)
+    for i in range(200):
+        b.compute(f"save-{i}", A, 1, 1.0, 2.0, 8, io=0.0)
+        b.apply(("file", f"save-{i}", A, location(f"/d/out.parquet/part.{i}.parquet"), True,
+                 2.0, 10))
+    groups = set(cached_key_groups(b.store).tolist())
+    assert groups == {"root", "save", "/d/out.parquet"}
 
 
 # -- real workflows ---------------------------------------------------------------

@@ -100,6 +100,9 @@ class FileRecorder:
         of each ``open`` (``(path, mode, flags)``).
     opened_files : int
         Files recorded (a file opened by two tasks counts twice).
+    gone : int
+        Files left out because they were gone (or not regular files) when
+        their task was done.
     """
 
     def __init__(self, worker: Any, include: Iterable[str] = (),
@@ -113,6 +116,7 @@ class FileRecorder:
         self.skipped = _SKIPPED_PREFIXES + tuple(
             os.path.join(os.path.abspath(p), "") for p in prefixes if p)
         self.opened_files = 0
+        self.gone = 0
         self.by_task: dict[Any, list[tuple]] = {}
         # key -> (wall, thread CPU, thread) at its first open
         self._first: dict[Any, tuple[float, float, int]] = {}
@@ -162,9 +166,11 @@ class FileRecorder:
             if flags & _DIRECTORY:
                 continue
             written[path] = bool(flags & _WRITES) or written.get(path, False)
-        files = [[path, wrote, size] for name, wrote in written.items()
-                 if self.wanted(path := os.path.abspath(name))
-                 and (size := _size(path)) >= 0]
+        files = [[path, wrote, _size(path)] for name, wrote in written.items()
+                 if self.wanted(path := os.path.abspath(name))]
+        found = [entry for entry in files if entry[2] >= 0]
+        self.gone += len(files) - len(found)
+        files = found
         if not files:
             return None
         self.opened_files += len(files)

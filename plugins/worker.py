@@ -393,7 +393,12 @@ class CruxWorkerPlugin(WorkerPlugin):
 
         ``events_dropped`` were given up (the buffer was full, or the scheduler
         refused them); ``events_unsent`` were still buffered when the plugin
-        was torn down, and stay in :attr:`buffer`.
+        was torn down, and stay in :attr:`buffer`.  ``files_recorded`` are the
+        files tasks opened and the scheduler was told of, ``files_gone`` those
+        left out because they were gone when their task was done.
         """
-        return {**self.counts, "events_buffered": len(self.buffer)}
+        files = self.files
+        return {**self.counts, "events_buffered": len(self.buffer),
+                "files_recorded": files.opened_files if files else 0,
+                "files_gone": files.gone if files else 0}
 

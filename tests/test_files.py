@@ -262,6 +262,22 @@ def test_plain_open_in_delayed_functions_and_the_seconds_spent_on_files(client, 
     assert by_key["spin-blob"] <= 0.1
 
 
+def write_and_remove(path: str) -> int:
+    with open(path, "w") as f:
+        f.write("scratch")
+    os.remove(path)
+    return 7
+
+
+def test_a_file_gone_before_its_task_is_done_is_counted_not_recorded(client, tmp_path):
+    before = sum(w["files_gone"] for w in crux_dask.get_stats(client)["workers"].values())
+    assert client.submit(write_and_remove, str(tmp_path / "scratch.txt")).result() == 7
+    crux_dask.flush(client)
+    stats = crux_dask.get_stats(client)["workers"].values()
+    assert sum(w["files_gone"] for w in stats) == before + 1
+    assert file_states(crux_dask.get_pag(client), tmp_path).empty
+
+
 def import_a_module(directory: str) -> str:
     sys.path.insert(0, directory)
     try:

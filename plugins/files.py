@@ -54,8 +54,10 @@ def _audit(event: str, args: tuple, _state: Any = thread_state,
     """The process's audit hook: note an ``open`` by a task for its worker's recorder.
 
     As little as can be, in the task's thread (the defaults save global
-    lookups): which recorder, and the event's arguments appended to the
-    task's list; the rest waits for :meth:`FileRecorder.done`.
+    lookups): which recorder, and the path and flags appended to the task's
+    list, one after the other (kept as a tuple, each open would keep one more
+    object for the garbage collector to walk); the rest waits for
+    :meth:`FileRecorder.done`.
     """
     if event == "open" and _watching:
         key = getattr(_state, "key", None)
@@ -66,7 +68,8 @@ def _audit(event: str, args: tuple, _state: Any = thread_state,
             opened = recorder.by_task.get(key)
             if opened is None:
                 opened = recorder.first_open(key)
-            opened.append(args)
+            opened.append(args[0])
+            opened.append(args[2])
         except Exception:  # an audit hook that raises fails the open: never
             return
 
@@ -96,8 +99,8 @@ class FileRecorder:
     Attributes
     ----------
     by_task : dict
-        For each task that opened files and is not done yet, the arguments
-        of each ``open`` (``(path, mode, flags)``).
+        For each task that opened files and is not done yet, the path and
+        flags of each ``open``, one after the other.
     opened_files : int
         Files recorded (a file opened by two tasks counts twice).
     gone : int
@@ -117,7 +120,7 @@ class FileRecorder:
             os.path.join(os.path.abspath(p), "") for p in prefixes if p)
         self.opened_files = 0
         self.gone = 0
-        self.by_task: dict[Any, list[tuple]] = {}
+        self.by_task: dict[Any, list] = {}
         # key -> (wall, thread CPU, thread) at its first open
         self._first: dict[Any, tuple[float, float, int]] = {}
 
@@ -137,7 +140,7 @@ class FileRecorder:
         self.by_task.clear()
         self._first.clear()
 
-    def first_open(self, key: Any) -> list[tuple]:
+    def first_open(self, key: Any) -> list:
         """The task ``key`` opens its first file now (in the task's thread): its list."""
         self._first[key] = (time.time(), time.thread_time(), threading.get_ident())
         opened = self.by_task[key] = []
@@ -158,7 +161,7 @@ class FileRecorder:
         if opened is None or first is None:
             return None
         written: dict[str, bool] = {}
-        for path, _, flags in opened:
+        for path, flags in zip(opened[::2], opened[1::2]):
             if type(path) is not str:
                 if isinstance(path, int) or path is None:
                     continue  # a descriptor: its file was opened, and seen, before

@@ -105,7 +105,8 @@ class FileAccess(NamedTuple):
 
     A read (``written`` false) comes before the task's ``compute`` event: the
     file's content reaches the worker's memory at ``time`` (the task's start),
-    ``requested`` being when the scheduler sent the task.  A write comes after
+    ``requested`` being when the scheduler sent the task, and ``root`` the
+    root state of the task's graph.  A write comes after
     it: the file, ``nbytes`` long, is made from the task's data at ``time``
     (the task's stop).
     """
@@ -118,6 +119,7 @@ class FileAccess(NamedTuple):
     time: float
     nbytes: int
     requested: float | None = None
+    root: int = -1
 
 
 Event = Root | Compute | Transfer | Delete | FileAccess

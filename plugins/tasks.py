@@ -77,7 +77,7 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
     if not opened:
         return [compute]
     return [
-        *(("file", name, worker, file_location(host, path), False, start, size, sent_at)
+        *(("file", name, worker, file_location(host, path), False, start, size, sent_at, root)
           for path, written, size in opened if not written),
         compute,
         *(("file", name, worker, file_location(host, path), True, stop, size)

@@ -78,6 +78,19 @@ def test_a_computation_s_seconds_on_files_are_io_on_the_path():
     assert b.pag().moments["io"].dropna().tolist() == [0.7]
 
 
+def test_a_file_there_before_appears_when_the_graph_that_reads_it_arrives():
+    b = PAGBuilder()
+    b.root(0.0, "attach")
+    graph = b.root(600.0)  # submitted ten minutes after Crux was attached
+    b.apply(("file", "load", A, location("/d/in.csv"), False, 601.0, 10, 600.5, graph))
+    b.compute("load", A, 1, 601.0, 602.0, 8, root=graph, sent=600.5, received=600.6,
+              runnable=600.6, io=0.2)
+    path = b.pag().wcp()
+    assert path.states["time"].iloc[0] == 600.0 and path.length == pytest.approx(2.0)
+    assert path.breakdown["scheduling"] == pytest.approx(1.0)
+    assert path.breakdown["wait"] == pytest.approx(0.0)
+
+
 def test_a_write_waits_for_the_report_of_its_task():
     b = PAGBuilder()
     b.root(0.0)

@@ -68,8 +68,9 @@ def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, l
 def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     """A task read or wrote a file; returns the new state's id.
 
-    A read copies the file's newest version (one from the run's root if none
-    was recorded: the file was there before) into the worker's memory, for
+    A read copies the file's newest version into the worker's memory (a file
+    with none recorded was there before: it appears from the root of the
+    graph that read it, when the graph reached the scheduler), for
     the task's computation alone to take as an input (tasks that read one file
     at once each have their copy); the copy counts as made at the task's
     start, when the scheduler's sending of the task explains the wait.  A
@@ -85,7 +86,7 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     if not e.written:
         src = builder.holdings.at(path, where)
         if src is None:
-            src = unreported(builder, path, where, None, e.nbytes)
+            src = unreported(builder, path, where, None, e.nbytes, e.root)
         requested = rules.moment(e.requested)
         copy = builder.new_state(
             store.state_key[src], memory, None, None, store.state_size[src], e.time, e.time,
@@ -145,23 +146,26 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
 
 
 def unreported(builder: PAGBuilder, key: str, location: int, created: float | None,
-               size: int = 0) -> int:
+               size: int = 0, root: int = -1) -> int:
     """A state for data of ``key`` at ``location`` that Dask never reported.
 
     A file that already existed, data the client scattered, data older than
-    the capture: it appears from the run's root, at ``created`` (default: the
-    root's time), ``size`` bytes long where known.  Returns its id.
+    the capture: it appears from ``root`` (default: the run's), at
+    ``created`` (default: the root's time), ``size`` bytes long where known.
+    Returns its id.
     """
     store = builder.store
     if builder.run_root < 0:
         builder.root(0.0 if created is None else created)
-    time = store.state_time[builder.run_root] if created is None else created
+    if root not in builder.roots:
+        root = builder.run_root
+    time = store.state_time[root] if created is None else created
     where = store.locations.values[location]
     newest = builder.holdings.newest.get(key)
     code = (store.key_code(key, _label_of(key, where), _origin_of(where))
             if newest is None else store.state_key[newest])
     return builder.new_state(code, location, None, None, size, time, time, time,
-                             (builder.run_root,), _APPEND, 0.0)
+                             (root,), _APPEND, 0.0)
 
 
 def _label_of(key: str, location: str) -> str:

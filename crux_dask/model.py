@@ -119,8 +119,9 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: ``requested`` (a task sent to its worker, a fetch asked for by the receiving
 #: worker), ``received`` (the worker got the task), ``runnable`` (all the
 #: task's inputs were in its worker's memory), a task's ``priority`` in Dask
-#: as one number (lower runs first), and the seconds of a task's run it spent
-#: on files (``io``: off the CPU after it opened its first file).
+#: as one number (lower runs first), the seconds of a task's run it spent on
+#: files (``io``: off the CPU after it opened its first file), and when the
+#: task's graph reached the scheduler (``submitted``).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
@@ -129,6 +130,7 @@ MOMENT_COLUMNS: dict[str, str] = {
     "runnable": "float64",
     "priority": "float64",
     "io": "float64",
+    "submitted": "float64",
 }
 #: The per-state values of :data:`MOMENT_COLUMNS`, in order.
 MOMENTS = tuple(MOMENT_COLUMNS)[2:]

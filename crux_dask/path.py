@@ -9,6 +9,9 @@ into:
   transfer, a spill, file I/O), named by its category;
 * **io**: of a computation, the seconds it spent on files (off the CPU after
   it opened its first file), where measured;
+* **client**: of the time before a task's operation, the part before its
+  graph reached the scheduler (data an earlier computation made, used by a
+  later one: the client had not submitted the work yet);
 * **scheduling**: from the step's cause to the operation's start, where the
   task's moments were recorded (when the scheduler sent it, when its worker got
   it and could run it): the scheduler's decision, the message and the
@@ -32,9 +35,10 @@ from crux_dask.store import PAGStore
 __all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "CriticalPath", "Steps"]
 
 #: Categories of the breakdown, in display order.
-CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "scheduling", "queued", "wait")
+CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "client", "scheduling", "queued",
+              "wait")
 #: The parts of a step's cost besides its busy part, each a category of its own.
-PARTS = ("io", "scheduling", "queued", "wait")
+PARTS = ("io", "client", "scheduling", "queued", "wait")
 #: The steps of a path, in order: whether each came through a cause, and the id
 #: of its cause or mutation.
 Steps = tuple[np.ndarray, np.ndarray]
@@ -101,7 +105,7 @@ class CriticalPath:
         cut = min(start, end) - float(self.states["time"].iloc[0])
         steps = self.steps.copy()
         steps.loc[0, "cost"] -= cut
-        for part in ("wait", "queued", "scheduling", "io", "busy"):
+        for part in ("wait", "client", "queued", "scheduling", "io", "busy"):
             taken = min(cut, max(float(steps.loc[0, part]), 0.0))
             steps.loc[0, part] -= taken
             cut -= taken
@@ -121,7 +125,8 @@ class CriticalPath:
         the cause's); ``category`` of the busy part; ``key``, ``label``,
         ``source`` and ``destination`` locations, ``size``; ``start`` and
         ``stop`` of the operation; ``cost``
-        and its parts ``busy``, ``io``, ``scheduling``, ``queued`` and ``wait``.
+        and its parts ``busy``, ``io``, ``client``, ``scheduling``, ``queued`` and
+        ``wait``.
         """
         return self.steps
 
@@ -131,7 +136,7 @@ class CriticalPath:
         One row per prefix, most seconds first: ``prefix``, ``seconds`` on the
         path (the cost of its steps), ``share`` of the path's length,
         ``steps``, and the ``dominant`` category of those seconds (a busy
-        category, ``io``, ``scheduling``, ``queued`` or ``wait``).
+        category, ``io``, ``client``, ``scheduling``, ``queued`` or ``wait``).
         """
         steps = self.steps
         prefix = steps["label"]
@@ -227,8 +232,13 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
     queued = np.where(recorded & is_fetch,
                       np.clip(start - np.maximum(requested, src_time), 0.0, explained), 0.0)
-    scheduling = np.where(recorded, explained - queued, 0.0)
-    wait = gap - scheduling - queued
+    # Before the graph reached the scheduler, nothing could schedule the operation.
+    submitted = store.column("state_submitted", dst)
+    client = np.where(recorded & ~np.isnan(submitted),
+                      np.clip(np.minimum(submitted, start) - src_time, 0.0, explained - queued),
+                      0.0)
+    scheduling = np.where(recorded, explained - queued - client, 0.0)
+    wait = gap - scheduling - queued - client
     return pd.DataFrame({
         "step": np.arange(n),
         "via": pd.Series(via, dtype="str"),
@@ -248,6 +258,7 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         "cost": cost,
         "busy": busy,
         "io": io,
+        "client": client,
         "scheduling": scheduling,
         "queued": queued,
         "wait": wait,

@@ -8,7 +8,7 @@ from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColu
 
 from crux_dask.dashboard.data import Component, GraphView, Source
 
-COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io",
+COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
            "scheduling", "queued", "wait", "scope")
 
 
@@ -33,6 +33,7 @@ class StepsTable(Component):
             TableColumn(field="destination", title="to", width=180),
             TableColumn(field="busy", title="busy (s)", formatter=seconds, width=70),
             TableColumn(field="io", title="io (s)", formatter=seconds, width=60),
+            TableColumn(field="client", title="client (s)", formatter=seconds, width=70),
             TableColumn(field="scheduling", title="scheduling (s)", formatter=seconds,
                         width=80),
             TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),

@@ -19,8 +19,8 @@ from crux_dask.model import CauseKind, MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
 COLUMNS = ("lane", "left", "right", "wait_left", "kind", "via", "color", "key", "label",
-           "size", "source", "destination", "busy", "io", "scheduling", "queued", "wait",
-           "start", "stop")
+           "size", "source", "destination", "busy", "io", "client", "scheduling", "queued",
+           "wait", "start", "stop")
 LINKS = ("x0", "y0", "x1", "y1", "color", "via")
 
 
@@ -48,6 +48,7 @@ class WCPTimeline(Component):
             ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
             ("size", "@size{0.0 b}"), ("from", "@source"), ("to", "@destination"),
             ("busy", "@busy{0.000} s"), ("io", "@io{0.000} s"),
+            ("client", "@client{0.000} s"),
             ("scheduling", "@scheduling{0.000} s"),
             ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
@@ -68,8 +69,8 @@ class WCPTimeline(Component):
             "via": steps["via"].tolist(),
             "color": color.tolist(),
             **{c: steps[c].tolist() for c in ("key", "label", "source", "destination")},
-            **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "scheduling", "queued",
-                                                 "wait", "start", "stop")},
+            **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
+                                                 "queued", "wait", "start", "stop")},
         }
         self.root.y_range.factors = sorted(set(data["lane"]))
         self.source.data = data

@@ -247,3 +247,22 @@ def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
         (0.2, 1.3, 0.3))
     assert math.isclose(fetch["wait"], 0.0, abs_tol=1e-12)
 
+
+
+def test_data_of_an_earlier_computation_waited_for_the_client_before_the_scheduler():
+    # x computed by the first graph; a second graph, submitted an hour later, uses it.
+    b = PAGBuilder()
+    first = b.root(0.0)
+    b.compute("x", A, 1, 1.0, 2.0, 8, root=first, sent=0.5, received=0.6, runnable=0.6)
+    second = b.root(3602.0)
+    b.compute("y", A, 1, 3603.0, 3604.0, 8, ("x",), root=second, sent=3602.5,
+              received=3602.6, runnable=3602.6)
+    path = b.pag().wcp()
+    assert path.states["key"].tolist()[-2:] == ["x", "y"]
+    step = path.to_frame().iloc[-1]
+    assert step["client"] == pytest.approx(3600.0)  # from x's stop to the second graph
+    assert step["scheduling"] == pytest.approx(1.0)  # from then to y's start
+    assert path.breakdown["client"] == pytest.approx(3600.0)
+    check_breakdown(path)
+    # A task of the graph that made its input waited for no client.
+    assert path.to_frame().iloc[0]["client"] == 0.0

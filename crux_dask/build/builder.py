@@ -230,7 +230,7 @@ class PAGBuilder:
         if e.thread is not None:
             index(e.thread)
         moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable),
-                   rules.moment(e.priority), rules.moment(e.io))
+                   rules.moment(e.priority), rules.moment(e.io), self.submitted(e.root))
         kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
         store, holdings = self.store, self.holdings
         memory = self.places.memory_of(e.worker)
@@ -358,6 +358,10 @@ class PAGBuilder:
                              self._made_by)
         return self.n_applied - applied
 
+    def submitted(self, root: int) -> float:
+        """When the graph of root state ``root`` reached the scheduler (NaN: not a root)."""
+        return self.store.state_time[root] if root in self.roots else _NAN
+
     def _made_by(self, event: Any) -> tuple[str, int] | None:
         """The ``(key, location code)`` an event makes, if any (a waiting event's slot)."""
         try:
@@ -396,6 +400,7 @@ class PAGBuilder:
         store.state_runnable.append(moments[2])
         store.state_priority.append(moments[3])
         store.state_io.append(moments[4])
+        store.state_submitted.append(moments[5])
         store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)

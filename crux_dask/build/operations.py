@@ -91,7 +91,7 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
         copy = builder.new_state(
             store.state_key[src], memory, None, None, store.state_size[src], e.time, e.time,
             rules.copy_ready(store.state_ready[src], e.time, e.time), (src,), _TRANSFER, 0.0,
-            (requested, *_NOT_RECORDED[1:]), held=False)
+            (requested, *_NOT_RECORDED[1:-1], builder.submitted(e.root)), held=False)
         builder.file_reads.setdefault(e.key, []).append(copy)
         return builder.applied(copy)
     task = builder.holdings.at(e.key, memory)

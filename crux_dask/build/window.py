@@ -139,8 +139,9 @@ class _Window:
         bad[di] |= d_src < 0
         c_root_state = np.full(nc, -1, np.int64)
         no_inputs = n_inputs == 0
+        roots, run_root = builder.roots, builder.run_root
+        time_of = builder.store.state_time
         if no_inputs.any():
-            roots, run_root = builder.roots, builder.run_root
             c_root_state[no_inputs] = [r if r in roots else run_root
                                        for r in columns.root[at_c[no_inputs]].tolist()]
             bad[ci] |= c_root_state < 0
@@ -168,7 +169,9 @@ class _Window:
                   "group": c_group_code[keep_c], "origin": c_origin_code[keep_c],
                   "root": c_root_state[keep_c], "requested": columns.requested[at_c],
                   "received": columns.received[at_c], "runnable": columns.runnable[at_c],
-                  "priority": columns.priority[at_c]}
+                  "priority": columns.priority[at_c],
+                  "submitted": np.array([time_of[r] if r in roots else np.nan
+                                         for r in columns.root[at_c].tolist()])}
         self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],
                   "nbytes": t_nbytes, "no_nbytes": t_nbytes < 0,
                   "source": t_source_code[keep_t], "src": t_src[keep_t],
@@ -304,7 +307,7 @@ class _Window:
         # Moments and priorities, and the tasks that waited for their thread.
         moments = {name: np.full(f, np.nan)
                    for name in MOMENTS}
-        for name in NOT_RECORDED:
+        for name in (*NOT_RECORDED, "submitted"):
             moments[name][ci] = c[name]
         moments["requested"][ti] = t["requested"]
         cause_src, cause_dst = builder.threads.causes(

@@ -33,7 +33,7 @@ from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, FileAccess, Root, Transfer, parse
-from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind, file_path
+from crux_dask.model import ROOT, CauseKind, MutationKind, file_path
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ _TRANSFER, _APPEND, _DELETE = (int(MutationKind.TRANSFER), int(MutationKind.APPE
                                int(MutationKind.DELETE))
 _THREAD, _SLOT = int(CauseKind.THREAD), int(CauseKind.SLOT)
 _NAN = float("nan")
-#: An operation's moments (:data:`~crux_dask.model.MOMENTS`), none recorded.
-_NO_MOMENTS = (_NAN,) * len(MOMENTS)
 
 
 class PAGBuilder:
@@ -299,7 +297,7 @@ class PAGBuilder:
             places.worker[source] if worker == NO_CODE else worker, None,
             store.state_size[src] if e.nbytes is None else e.nbytes, e.start, e.stop,
             rules.copy_ready(store.state_ready[src], e.start, e.stop), (src,), _TRANSFER,
-            busy, (requested, *_NO_MOMENTS[1:])))
+            busy, (requested, *rules.NO_MOMENTS[1:])))
 
     def _file(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is FileAccess else FileAccess(*event)
@@ -392,7 +390,7 @@ class PAGBuilder:
     # -- internals --------------------------------------------------------------
     def _add_state(self, key: int, location: int, worker: int, thread: int, size: int,
                    start: float, time: float, ready: float, pred: int,
-                   moments: tuple[float, ...] = _NO_MOMENTS) -> int:
+                   moments: tuple[float, ...] = rules.NO_MOMENTS) -> int:
         store = self.store
         sid = store.n_states
         store.state_requested.append(moments[0])
@@ -423,7 +421,7 @@ class PAGBuilder:
     def new_state(self, key: int, location: int, worker: int | None, thread: int | None,
                   size: int, start: float, time: float, ready: float, sources: Sequence[int],
                   kind: int, busy: float,
-                  moments: tuple[float, ...] = _NO_MOMENTS,
+                  moments: tuple[float, ...] = rules.NO_MOMENTS,
                   causes: Sequence[tuple[int, int]] = (), held: bool = True) -> int:
         """Add a state made by ``kind`` from ``sources``, held at ``location``; its id.
 

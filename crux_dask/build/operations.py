@@ -15,7 +15,6 @@ from crux_dask.build import rules
 from crux_dask.events import FileAccess
 from crux_dask.model import (
     CLIENT,
-    MOMENTS,
     MutationKind,
     disk_location,
     file_label,
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["continue_from", "external", "file_access", "lose", "unreported"]
 
 _TRANSFER, _APPEND = int(MutationKind.TRANSFER), int(MutationKind.APPEND)
-_NAN = float("nan")
-#: The moments of an operation, none recorded.
-_NOT_RECORDED = (_NAN,) * len(MOMENTS)
 
 
 def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, label: str,
@@ -68,16 +64,16 @@ def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, l
 def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     """A task read or wrote a file; returns the new state's id.
 
-    A read copies the file's newest version into the worker's memory (a file
-    with none recorded was there before: it appears from the root of the
-    graph that read it, when the graph reached the scheduler), for
-    the task's computation alone to take as an input (tasks that read one file
-    at once each have their copy); the copy counts as made at the task's
+    A read copies the file's newest version into the worker's memory, for
+    the task's computation alone to take as an input (tasks that read one
+    file at once each have their copy); the copy counts as made at the task's
     start, when the scheduler's sending of the task explains the wait.  A
-    write makes a new version of the file from the task's data, labelled by
-    its dataset, from the task's prefix.  The seconds the task
-    spent on its files are its computation's (``io``): the copies take none.
-    ``None`` if the write waits for the task's report.
+    file with no version recorded was there before: it appears from the root
+    of the graph that read it, when the graph reached the scheduler.  A write
+    makes a new version of the file from the task's data, labelled by its
+    dataset, from the task's prefix.  The seconds the task spent on its files
+    are its computation's (``io``): the copies take none.  ``None`` if the
+    write waits for the task's report.
     """
     store, places = builder.store, builder.places
     where = places.code(e.location)
@@ -91,7 +87,7 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
         copy = builder.new_state(
             store.state_key[src], memory, None, None, store.state_size[src], e.time, e.time,
             rules.copy_ready(store.state_ready[src], e.time, e.time), (src,), _TRANSFER, 0.0,
-            (requested, *_NOT_RECORDED[1:-1], builder.submitted(e.root)), held=False)
+            (requested, *rules.NO_MOMENTS[1:-1], builder.submitted(e.root)), held=False)
         builder.file_reads.setdefault(e.key, []).append(copy)
         return builder.applied(copy)
     task = builder.holdings.at(e.key, memory)

@@ -37,7 +37,7 @@ from itertools import repeat
 import numpy as np
 from dask.utils import key_split
 
-from crux_dask.model import MutationKind
+from crux_dask.model import MOMENTS, MutationKind
 
 __all__ = [
     "EndTracker",
@@ -215,6 +215,10 @@ def last_arriving_per_target(ready: np.ndarray, mutations: np.ndarray, dst: np.n
 
 
 # -- causes besides data ------------------------------------------------------
+#: An operation's moments (:data:`~crux_dask.model.MOMENTS`), none recorded.
+NO_MOMENTS = (_NAN,) * len(MOMENTS)
+
+
 def moment(value: float | None) -> float:
     """A recorded moment as a number: NaN for none.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,20 +21,31 @@ def install(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
 
     try:
         from crux_dask.dashboard.api import install_routes
-        from crux_dask.dashboard.pages import install_pages
 
-        installed = install_pages(scheduler, plugin)
-        prefix = _prefix(scheduler)
+        installed = False
+        dashboard = _dashboard(scheduler)
+        if dashboard is not None:
+            from crux_dask.dashboard.pages import install_pages
+
+            installed = install_pages(scheduler, plugin)
+        prefix = (dashboard.prefix or "/") if dashboard is not None else "/"
         return install_routes(scheduler, plugin, prefix) or installed
     except Exception as error:  # the dashboard is optional; the recording is not
         logging.getLogger(__name__).warning("Crux could not add its dashboard: %r", error)
         return False
 
 
-def _prefix(scheduler: Any) -> str:
+def _dashboard(scheduler: Any) -> Any:
+    """The Bokeh application of ``scheduler``'s dashboard, or None if it runs none.
+
+    A scheduler without a dashboard has not imported Bokeh: neither does
+    this (the pages' modules take half a second to import).
+    """
+    if "bokeh.server.server" not in sys.modules:
+        return None
     from bokeh.server.server import BokehTornado
 
     for app in getattr(getattr(scheduler, "http_application", None), "applications", []):
         if isinstance(app, BokehTornado):
-            return app.prefix or "/"
-    return "/"
+            return app
+    return None

@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from crux_dask.model import CauseKind, MutationKind, location_class
 from crux_dask.store import PAGStore
+
+# pandas is imported where frames are made: a scheduler loads this module as it
+# starts, and importing pandas takes a quarter of a second.
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "CriticalPath", "Steps"]
 
@@ -138,6 +143,7 @@ class CriticalPath:
         ``steps``, and the ``dominant`` category of those seconds (a busy
         category, ``io``, ``client``, ``scheduling``, ``queued`` or ``wait``).
         """
+        import pandas as pd
         steps = self.steps
         prefix = steps["label"]
         seconds = pd.concat([  # every second of a step under its category
@@ -195,6 +201,7 @@ def _breakdown(steps: pd.DataFrame) -> dict[str, float]:
 
 def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,
            dst: np.ndarray, states: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
     n = len(ids)
     time = store.column("state_time", np.concatenate([src, dst]))
     src_time, stop = time[:n], time[n:]

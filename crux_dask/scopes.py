@@ -18,14 +18,19 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from crux_dask.model import MutationKind
 from crux_dask.path import CATEGORIES, CriticalPath
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
+
+# pandas is imported where frames are made: a scheduler loads this module as it
+# starts, and importing pandas takes a quarter of a second.
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SCOPE_COLUMNS", "KeyGroups", "Scope", "key_groups", "members", "scope_path",
            "scopes_frame", "select"]
@@ -215,6 +220,7 @@ def scopes_frame(store: PAGStore, scopes: Sequence[Scope], groups: np.ndarray) -
     ``top_categories`` (up to three, as ``"compute 61 %"``, most first) are
     those of its path, empty where none of its states was recorded.
     """
+    import pandas as pd
     rows = []
     for scope in scopes:
         tasks = len(members(store, scope, groups))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 from array import array
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from crux_dask.model import (
     CAUSE_COLUMNS,
@@ -24,6 +24,11 @@ from crux_dask.model import (
     CauseKind,
     MutationKind,
 )
+
+# pandas is imported where frames are made: a scheduler loads this module as it
+# starts, and importing pandas takes a quarter of a second.
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable"]
 
@@ -67,6 +72,7 @@ class StringTable:
 
     def decode(self, codes: np.ndarray) -> pd.Series:
         """Strings of ``codes`` (``NO_CODE`` becomes missing) as a string Series."""
+        import pandas as pd
         values = self.values
         if len(codes) * 8 < len(values):  # a few rows of a large table
             strings = [values[c] if c >= 0 else None for c in codes.tolist()]
@@ -219,6 +225,7 @@ class PAGStore:
 
         Columns: :data:`crux_dask.model.STATE_COLUMNS`.
         """
+        import pandas as pd
         ids = np.arange(self.n_states) if ids is None else np.asarray(ids, dtype="int64")
         key = self.column("state_key", ids)
         return pd.DataFrame(
@@ -241,6 +248,7 @@ class PAGStore:
 
         Columns: :data:`crux_dask.model.MUTATION_COLUMNS`.
         """
+        import pandas as pd
         ids = np.arange(self.n_mutations) if ids is None else np.asarray(ids, dtype="int64")
         src = self.column("mutation_src", ids).astype("int64")
         dst = self.column("mutation_dst", ids).astype("int64")
@@ -272,6 +280,7 @@ class PAGStore:
 
         Columns: :data:`crux_dask.model.CAUSE_COLUMNS`.
         """
+        import pandas as pd
         ids = np.arange(self.n_causes) if ids is None else np.asarray(ids, dtype="int64")
         return pd.DataFrame({
             "cause_id": ids,
@@ -283,6 +292,7 @@ class PAGStore:
 
     def moments_frame(self) -> pd.DataFrame:
         """The moments of the states that have any (:data:`crux_dask.model.MOMENT_COLUMNS`)."""
+        import pandas as pd
         moments = {name: self.column(f"state_{name}") for name in MOMENTS}
         ids = np.flatnonzero(~np.all([np.isnan(v) for v in moments.values()], axis=0)) if (
             self.n_states) else np.zeros(0, np.int64)
@@ -298,4 +308,5 @@ _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 
 def _nullable(thread: np.ndarray) -> pd.arrays.IntegerArray:
     """Thread ids as a nullable integer array (``NO_THREAD`` becomes missing)."""
+    import pandas as pd
     return pd.arrays.IntegerArray(thread.astype("int64"), thread == NO_THREAD)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from crux_dask.plugins.protocol import key_string
+
+# pandas is imported where frames are made: a scheduler loads this module as it
+# starts, and importing pandas takes a quarter of a second.
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["TransitionLog"]
 
@@ -73,6 +77,7 @@ class TransitionLog:
             Columns ``key``, ``start``, ``finish``, ``time``, ``location`` (the
             worker, if any) and ``stimulus_id``.
         """
+        import pandas as pd
         times = np.frombuffer(self.times, dtype="float64").copy() if self.times else np.empty(0)
         return pd.DataFrame({
             "key": [key_string(k) for k in self.keys],

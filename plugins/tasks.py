@@ -67,7 +67,7 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
     received, runnable = _moments(moments)
     name = key_string(key)
     told = location is not None or reads is not None or kind is not None  # the annotation wins
-    io, host, opened = (None, None, ()) if erred or told else _files(files)
+    io, host, opened = (None, None, ()) if erred or told or files is None else _files(files)
     compute = ("compute", name, worker, thread, start, stop, 0 if erred else nbytes,
                tuple(key_string(d) for d in dependencies), root, label or prefix, group,
                kind, location, "erred" if erred else None, reads, sent_at, received,

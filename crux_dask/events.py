@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = ["EVENT_KINDS", "REQUIRED", "Compute", "Delete", "Event", "FileAccess", "Root",
-           "Transfer", "event_time", "parse"]
+           "Shard", "Transfer", "event_time", "parse"]
 
 
 class Root(NamedTuple):
@@ -122,11 +122,31 @@ class FileAccess(NamedTuple):
     root: int = -1
 
 
-Event = Root | Compute | Transfer | Delete | FileAccess
+class Shard(NamedTuple):
+    """The P2P transfer task ``key``, computed on ``worker``, split its data for ``destination``.
+
+    One shard per destination worker of the shuffle, ``nbytes`` long, made
+    from the task's ``inputs`` between ``start`` and ``stop`` (the task's
+    run).  The shard then moves to the destination (a ``transfer`` of the key
+    :func:`crux_dask.model.shard_key` gives), where the shuffle's barrier and
+    output tasks take it.
+    """
+
+    kind: str
+    key: str
+    worker: str
+    destination: str
+    nbytes: int
+    start: float
+    stop: float
+    inputs: tuple[str, ...] = ()
+
+
+Event = Root | Compute | Transfer | Delete | FileAccess | Shard
 
 #: Each kind's record type.
 TYPES: dict[str, type] = {"root": Root, "compute": Compute, "transfer": Transfer,
-                          "delete": Delete, "file": FileAccess}
+                          "delete": Delete, "file": FileAccess, "shard": Shard}
 
 _RECORDS = frozenset(TYPES.values())
 
@@ -136,7 +156,8 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
 #: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 8, "transfer": 5, "delete": 3, "file": 6}
+    "root": 1, "compute": len(Compute._fields) - 8, "transfer": 5, "delete": 3, "file": 6,
+    "shard": 6}
 
 
 def parse(event: Sequence[Any]) -> Event:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "BARRIER_LABEL",
     "CAUSE_COLUMNS",
     "CLIENT",
     "MOMENT_COLUMNS",
     "MUTATION_COLUMNS",
     "ROOT",
+    "SHARDS_LABEL",
     "STATE_COLUMNS",
     "CauseKind",
     "MutationKind",
@@ -22,6 +24,7 @@ __all__ = [
     "file_location",
     "location_class",
     "memory_location",
+    "shard_key",
 ]
 
 
@@ -191,6 +194,18 @@ def _dataset(parts: list[str]) -> int:
         if parts[i].endswith(DATASET_SUFFIXES):
             return i
     return 0
+
+
+#: The label of the shards of a P2P shuffle: what a transfer task split its
+#: input partition into, one per destination worker.
+SHARDS_LABEL = "p2p-shards"
+#: The label (task prefix) distributed gives the barrier of every P2P shuffle.
+BARRIER_LABEL = "shuffle-barrier"
+
+
+def shard_key(transfer_key: str, worker: str) -> str:
+    """The key of the shard the P2P transfer task ``transfer_key`` made for ``worker``."""
+    return f"{transfer_key}->{worker}"
 
 
 def location_class(location: str) -> str:

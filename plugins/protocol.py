@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENTS_HANDLER", "FILES", "MOMENTS", "PLUGIN_NAME", "key_string"]
+__all__ = ["EVENTS_HANDLER", "FILES", "MOMENTS", "PLUGIN_NAME", "SHARDS", "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
@@ -21,6 +21,9 @@ MOMENTS = "crux"
 #: Where a worker leaves, the same way, the files a task opened:
 #: ``[io seconds or None, host, [[path, written, size], ...]]``.
 FILES = "crux-files"
+#: Where a worker leaves, the same way, when a P2P transfer task split its input
+#: partition and into which shards: ``[time, [[destination worker, bytes], ...]]``.
+SHARDS = "crux-shards"
 
 
 def key_string(key: Any) -> str:

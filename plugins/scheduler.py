@@ -19,7 +19,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.ingest import LOST, Ingest
-from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES, MOMENTS, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
@@ -180,15 +180,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             if ts is None:
                 return
             annotation = ts.annotations.get("crux") if ts.annotations else None
-            metadata = kwargs.get("metadata")
             ingest = self.ingest
             ingest.queue.append((
                 TASK, key, finish, worker, kwargs.get("thread"),
                 kwargs.get("startstops"), kwargs.get("nbytes") or 0,
                 [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
                 annotation, self.graph_roots.pop(key, -1), self.sent.pop(key, None),
-                metadata.get(MOMENTS) if metadata else None, ts.priority,
-                metadata.get(FILES) if metadata else None,
+                ts.priority, kwargs.get("metadata"),
             ))
             if finish == "erred":
                 self.erred[key_string(key)] = {

@@ -3,7 +3,7 @@
 The hook keeps the entry in the scheduler's own terms, which costs it one
 tuple; :func:`task_events` turns it into the builder's events later, when the
 ingest applies it: the task's ``compute``, and around it the files it read
-and wrote.
+and wrote and the shards it split its data into.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from crux_dask.model import file_location
-from crux_dask.plugins.protocol import key_string
+from crux_dask.plugins.protocol import FILES, MOMENTS, SHARDS, key_string
 
 __all__ = ["TASK", "priority_number", "task_events"]
 
@@ -25,11 +25,13 @@ _GENERATION_SCALE = 2.0**20
 
 #: First field of the queue entries the transition hook records: a task that
 #: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, root, sent, moments, priority,
-#: files)``: ``sent`` is ``(when the scheduler sent it, (key, worker) of the
-#: task that freed its queue slot or None)``, ``moments`` and ``files`` what its
-#: worker left in its metadata, ``[received, runnable]`` and ``[io, host,
-#: [[path, written, size], ...]]``, ``priority`` the task's priority tuple.
+#: dependencies, prefix, group, annotation, root, sent, priority, metadata)``:
+#: ``sent`` is ``(when the scheduler sent it, (key, worker) of the task that
+#: freed its queue slot or None)``, ``priority`` the task's priority tuple and
+#: ``metadata`` what its worker sent with its completion, where the worker
+#: plugin leaves the task's moments (``[received, runnable]``), the files it
+#: opened (``[io, host, [[path, written, size], ...]]``) and the shards of a
+#: P2P transfer task (``[split time, [[destination, bytes], ...]]``).
 TASK = object()
 
 
@@ -43,12 +45,18 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
     are ignored.
 
     Before it, a ``file`` event for each file the task read; after it, one
-    for each file it wrote.  A task whose annotation says what it read or made
+    for each file it wrote, and a ``shard`` event for each shard a P2P
+    transfer task made.  A task whose annotation says what it read or made
     (``reads``, ``location``, ``mutation``) and a failed one have none; nor
-    have files reported in any other form than the worker's.
+    have files and shards reported in any other form than the worker's.
     """
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root, sent, moments, priority, files) = item
+     annotation, root, sent, priority, metadata) = item
+    if isinstance(metadata, dict):
+        moments, files, shards = (metadata.get(MOMENTS), metadata.get(FILES),
+                                  metadata.get(SHARDS))
+    else:
+        moments = files = shards = None
     start = stop = None
     for interval in startstops or ():
         if interval.get("action") == "compute":
@@ -68,13 +76,15 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
     name = key_string(key)
     told = location is not None or reads is not None or kind is not None  # the annotation wins
     io, host, opened = (None, None, ()) if erred or told or files is None else _files(files)
+    inputs = tuple(key_string(d) for d in dependencies)
     compute = ("compute", name, worker, thread, start, stop, 0 if erred else nbytes,
-               tuple(key_string(d) for d in dependencies), root, label or prefix, group,
-               kind, location, "erred" if erred else None, reads, sent_at, received,
-               runnable,
+               inputs, root, label or prefix, group, kind, location,
+               "erred" if erred else None, reads, sent_at, received, runnable,
                *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
                priority_number(priority), io)
-    if not opened:
+    split, made = (stop, ()) if erred or told or shards is None else _shards(shards, start,
+                                                                              stop)
+    if not opened and not made:
         return [compute]
     return [
         *(("file", name, worker, file_location(host, path), False, start, size, sent_at, root)
@@ -82,6 +92,8 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
         compute,
         *(("file", name, worker, file_location(host, path), True, stop, size)
           for path, written, size in opened if written),
+        *(("shard", name, worker, destination, size, start, split, inputs)
+          for destination, size in made),
     ]
 
 
@@ -123,6 +135,24 @@ def _files(files: Any) -> tuple[float | None, str | None, list[tuple[str, bool, 
     except (TypeError, ValueError):
         return None, None, []
     return (_NAN if io is None else io) if found else None, host, found
+
+
+def _shards(shards: Any, start: float, stop: float) -> tuple[float, list[tuple[str, int]]]:
+    """``(split time, [(destination, bytes), ...])`` from what a worker left in the metadata.
+
+    The split time is the task's stop unless the worker's lies within the
+    task's run; anything not in the worker's form gives no shards.
+    """
+    try:
+        split, made = shards
+        made = [(destination, size) for destination, size in made]
+    except (TypeError, ValueError):
+        return stop, []
+    if not all(type(d) is str and type(n) is int and n >= 0 for d, n in made):
+        return stop, []
+    if not (type(split) is float and start <= split <= stop):
+        split = stop
+    return split, made
 
 
 def _moments(moments: Any) -> tuple[float | None, float | None]:

@@ -32,7 +32,15 @@ from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.files import FileRecorder
-from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES, MOMENTS, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import (
+    EVENTS_HANDLER,
+    FILES,
+    MOMENTS,
+    PLUGIN_NAME,
+    SHARDS,
+    key_string,
+)
+from crux_dask.plugins.shuffles import ShardRecorder
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -124,6 +132,10 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.host = socket.gethostname()
             self.files = FileRecorder(worker, *self.file_patterns)
             self.files.start()
+        self.shards: ShardRecorder | None = None
+        if self.capture.get("shuffles", True):
+            self.shards = ShardRecorder(worker, self._record, self._now, memory_location)
+            self.shards.start()
         self._callback = PeriodicCallback(self._flush_soon, self.flush_interval * 1000)
         self._callback.start()
 
@@ -137,6 +149,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._callback.stop()
         if self.files is not None:
             self.files.stop()
+        if self.shards is not None:
+            self.shards.stop()
         for callbacks, hook in self._spill_hooks:
             if hook in callbacks:
                 callbacks.remove(hook)
@@ -169,6 +183,8 @@ class CruxWorkerPlugin(WorkerPlugin):
                 if start == "executing" or start == "long-running":
                     if self.files is not None and key in self.files.by_task:
                         self._files_done(key)
+                    if self.shards is not None and key in self.shards.by_task:
+                        self._shards_done(key)
                 elif start == "flight":
                     self._fetched(key)
                 elif start == "released" and self._transfers:
@@ -198,6 +214,8 @@ class CruxWorkerPlugin(WorkerPlugin):
                 self._requested.pop(key, None)
                 if self.files is not None and key in self.files.by_task:
                     self.files.forget(key)
+                if self.shards is not None and key in self.shards.by_task:
+                    self.shards.forget(key)
         except Exception as error:
             self._hook_failed(error)
 
@@ -214,6 +232,13 @@ class CruxWorkerPlugin(WorkerPlugin):
             # The metadata goes to the scheduler with the task's completion, in
             # the message this transition has just made (it holds the same dict).
             ts.metadata[FILES] = (done[0], self.host, done[1])
+
+    def _shards_done(self, key: Any) -> None:
+        """Leave the shards the P2P transfer task ``key`` made in its metadata."""
+        shards = self.shards.by_task.pop(key)
+        ts = self.worker.state.tasks.get(key)
+        if ts is not None:  # sent with the task's completion, as the files are
+            ts.metadata[SHARDS] = shards
 
     def _released(self, key: Any) -> None:
         if self._transfers:  # a gather of this key, if any, goes first
@@ -396,9 +421,12 @@ class CruxWorkerPlugin(WorkerPlugin):
         was torn down, and stay in :attr:`buffer`.  ``files_recorded`` are the
         files tasks opened and the scheduler was told of, ``files_gone`` those
         left out because they were gone when their task was done.
+        ``shard_errors`` count shards of P2P shuffles that could not be
+        recorded (the shuffle itself went on).
         """
         files = self.files
         return {**self.counts, "events_buffered": len(self.buffer),
                 "files_recorded": files.opened_files if files else 0,
-                "files_gone": files.gone if files else 0}
+                "files_gone": files.gone if files else 0,
+                "shard_errors": self.shards.errors if self.shards else 0}
 

@@ -24,6 +24,7 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.data import cached_key_groups
 from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
+from crux_dask.plugins.protocol import FILES
 from crux_dask.plugins.tasks import TASK, task_events
 
 HOST = "node1"
@@ -121,7 +122,7 @@ def test_a_malformed_file_event_is_refused_and_changes_nothing(event):
 def test_what_a_worker_reports_in_another_form_gives_no_files():
     def entry(files, annotation=None):
         return (TASK, "t", "memory", A, 1, [{"action": "compute", "start": 1.0, "stop": 2.0}],
-                8, [], "t", "t", annotation, -1, None, None, None, files)
+                8, [], "t", "t", annotation, -1, None, None, {FILES: files})
 
     assert [e[0] for e in task_events(entry([0.1, HOST, [["/a", False, 5]]]))] == [
         "file", "compute"]

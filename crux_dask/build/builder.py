@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import index
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import lookups, operations, rules
+from crux_dask.build import lookups, operations, rules, shuffles
 from crux_dask.build.feed import Feed, OnError
 from crux_dask.build.holdings import Holdings
 from crux_dask.build.places import Places
 from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
-from crux_dask.events import Compute, Delete, FileAccess, Root, Transfer, parse
-from crux_dask.model import ROOT, CauseKind, MutationKind, file_path
+from crux_dask.events import Compute, Delete, FileAccess, Root, Shard, Transfer, parse
+from crux_dask.model import ROOT, CauseKind, MutationKind, file_path, shard_key
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ class PAGBuilder:
         What is held where, the events waiting for an input, location codes.
     fanout, ends : rules.FanOut, rules.EndTracker
         The state of the ``SPLIT`` and end-of-graph rules.
+    shuffles : shuffles.Shuffles
+        The P2P shuffles' transfer tasks and barriers seen so far.
     resolving : event or None
         The event :meth:`resolve_parked` applies now: it takes stand-ins for
         what it misses instead of waiting again.
@@ -92,10 +94,11 @@ class PAGBuilder:
         self.places = Places(store)
         self.resolving: Any = None  # the event resolve_parked applies with stand-ins
         self.file_reads: dict[str, list[int]] = {}  # task -> copies of the files it read
+        self.shuffles = shuffles.Shuffles()
         self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
             "compute": self._compute, "transfer": self._transfer, "delete": self._delete,
-            "root": self._root, "file": self._file}
+            "root": self._root, "file": self._file, "shard": self._shard}
 
     @property
     def run_id(self) -> str:
@@ -240,6 +243,13 @@ class PAGBuilder:
                 if src is None:
                     return None
             sources.append(src)
+        if self.shuffles.keys and not self.shuffles.keys.isdisjoint(e.inputs):
+            shards = self.shuffles.sources(
+                self, e.inputs, e.key, e.label if e.label is not None else rules.key_label(e.key),
+                memory, event, now)
+            if shards is None:
+                return None
+            sources += shards
         freed_by = lookups.freed_by(self, e, event, now)
         if freed_by == lookups.WAITS:
             return None
@@ -307,6 +317,9 @@ class PAGBuilder:
             raise ValueError(f"not a file's access: {event!r:.120}")
         return operations.file_access(self, e, now)
 
+    def _shard(self, event: Any, now: float = 0.0) -> int | None:
+        return shuffles.shard(self, event, now)
+
     def _delete(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is Delete else Delete(*event)
         time = e.time + 0.0
@@ -368,6 +381,9 @@ class PAGBuilder:
                 return record.key, self.places.memory_of(record.worker)
             if type(record) is Transfer:
                 return record.key, self.places.code(record.destination)
+            if type(record) is Shard:
+                return (shard_key(record.key, record.destination),
+                        self.places.memory_of(record.worker))
             if type(record) is FileAccess and record.written:  # a read's copy is its task's
                 return file_path(record.location), self.places.code(record.location)
         except (ValueError, TypeError, AttributeError):

@@ -135,6 +135,11 @@ class _Window:
         input_src, t_src, t_before, d_src = np.split(
             looked_up, np.cumsum([len(input_event), len(ti), len(ti)]))
         bad[input_event[input_src < 0]] = True
+        shuffled = builder.shuffles.keys
+        if shuffled:  # a shuffle's barrier or output: its shards need the scalar path
+            bad[input_event[np.fromiter(
+                map(shuffled.__contains__, map(names.__getitem__, input_key.tolist())), bool,
+                len(input_key))]] = True
         bad[ti] |= t_src < 0
         bad[di] |= d_src < 0
         c_root_state = np.full(nc, -1, np.int64)

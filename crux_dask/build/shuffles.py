@@ -1,0 +1,134 @@
+"""P2P shuffles: shards split by transfer tasks, sent, and merged after the barrier.
+
+A P2P shuffle has three kinds of tasks.  Each *transfer* task splits its input
+partition into one shard per destination worker (a ``shard`` event: a
+``SPLIT`` from the task's inputs), and the shuffle sends the shards in the
+background (``transfer`` events of the shard keys).  The *barrier* takes the
+transfer tasks as inputs (directly, or through tasks Dask put between them)
+and finishes once every shard has reached its destination: it is a ``MERGE``
+of every shard where it arrived, as well as of its inputs.  Each *output*
+task takes the barrier as input and reads the shards its worker received: a
+``MERGE`` of those.
+
+A transfer task is one that made shards, an output one whose input is a
+barrier; the barrier is known by its label, the prefix distributed gives
+every shuffle's barrier.  Computations of these are applied one by one (the
+builder's windows leave them out, see :attr:`Shuffles.keys`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crux_dask.build import lookups
+from crux_dask.events import Shard
+from crux_dask.model import BARRIER_LABEL, SHARDS_LABEL, MutationKind, shard_key
+
+if TYPE_CHECKING:
+    from crux_dask.build.builder import PAGBuilder
+
+__all__ = ["Shuffles", "shard"]
+
+_SPLIT = int(MutationKind.SPLIT)
+
+
+class Shuffles:
+    """What the builder knows of the P2P shuffles applied so far.
+
+    Attributes
+    ----------
+    shards : dict
+        Transfer task key -> ``{shard key: destination memory code}``.
+    carriers : dict
+        Key of a task that took transfer tasks as inputs without being the
+        barrier (an alias Dask put between them) -> those transfer task keys.
+    barriers : dict
+        Barrier task key -> the transfer task keys it took.
+    keys : set of str
+        The keys of all three: a computation with one of them as input is part
+        of a shuffle.
+    """
+
+    def __init__(self) -> None:
+        self.shards: dict[str, dict[str, int]] = {}
+        self.carriers: dict[str, list[str]] = {}
+        self.barriers: dict[str, list[str]] = {}
+        self.keys: set[str] = set()
+
+    def sources(self, builder: PAGBuilder, inputs: tuple[str, ...], key: str, label: str,
+                memory: int, event: Any, now: float) -> list[int] | None:
+        """The shard states a computation on ``memory`` with ``inputs`` merges.
+
+        The barrier (labelled :data:`~crux_dask.model.BARRIER_LABEL`) merges
+        every shard of its transfer tasks where it arrived; an output task the
+        shards that arrived in its worker's memory; any other task taking
+        transfer tasks carries them to the barrier.  ``None`` if the
+        computation now waits for a shard to arrive.
+        """
+        transfers = [name for name in inputs if name in self.shards]
+        for name in inputs:
+            transfers += self.carriers.get(name, ())
+        if transfers and label != BARRIER_LABEL:
+            self.carriers[key] = transfers
+            self.keys.add(key)
+            return []
+        wanted: list[tuple[str, int]] = []
+        for name in transfers:
+            wanted += self.shards[name].items()
+        for name in inputs:
+            for transfer in self.barriers.get(name, ()):
+                wanted += [(s, dest) for s, dest in self.shards[transfer].items()
+                           if dest == memory]
+        found = []
+        holdings = builder.holdings
+        for name, dest in wanted:
+            src = holdings.at(name, dest)
+            if src is None:
+                src = lookups.missing(builder, name, dest, event, now)
+                if src is None:
+                    return None
+            found.append(src)
+        if transfers:
+            self.barriers[key] = transfers
+            self.keys.add(key)
+        return found
+
+
+def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
+    """A transfer task split its data for one destination: the shard's state, or ``None``.
+
+    The shard is a ``SPLIT`` of the task's inputs in its worker's memory,
+    labelled ``p2p-shards`` and made by the task's prefix, with the task's
+    moments (the split is the task's run).  It waits for the task's own
+    computation to be applied.
+    """
+    e = event if type(event) is Shard else Shard(*event)
+    busy = e.stop - e.start
+    if e.nbytes < 0 or not isinstance(e.destination, str):
+        raise ValueError(f"not a shard: {event!r:.120}")
+    store, holdings, places = builder.store, builder.holdings, builder.places
+    memory = places.memory_of(e.worker)
+    task = holdings.at(e.key, memory)
+    if task is None:
+        task = lookups.missing(builder, e.key, memory, event, now)
+        if task is None:
+            return None
+    sources = []
+    for name in e.inputs:
+        src = holdings.at(name, memory)
+        if src is None:
+            src = holdings.released_at(name, memory)
+        if src is not None:
+            sources.append(src)
+    name = shard_key(e.key, e.destination)
+    prefix = store.labels.values[store.key_label[store.state_key[task]]]
+    code = store.key_code(name, SHARDS_LABEL, prefix)
+    moments = tuple(column[task] for column in (
+        store.state_requested, store.state_received, store.state_runnable,
+        store.state_priority, store.state_io, store.state_submitted))
+    sid = builder.new_state(code, memory, places.worker[memory], None, e.nbytes, e.start,
+                            e.stop, e.stop, sources or [task], _SPLIT, busy, moments)
+    shuffles = builder.shuffles
+    shuffles.shards.setdefault(e.key, {})[name] = places.memory_of(e.destination)
+    shuffles.keys.add(e.key)
+    return builder.applied(sid)

@@ -1,7 +1,9 @@
 """Where the critical path's time goes, with and without causes besides data.
 
 Real workloads built by Dask's own collections run on a LocalCluster of 2
-worker processes × 2 threads with Crux attached.  For each, the recorded
+worker processes × 2 threads with Crux attached, among them four of
+distributed's P2P shuffles (a dataframe shuffle, a groupby, a hash join and
+an array rechunk), whose shards are data states of their own.  For each, the recorded
 graph's observed critical path is printed twice, measured in the same run:
 
 * **data only**: the graph read back without its causes and moments (what the
@@ -26,6 +28,7 @@ import time
 import dask
 import dask.array as da
 import dask.bag as db
+import dask.datasets
 from distributed import Client, LocalCluster
 
 import crux_dask
@@ -66,8 +69,28 @@ def workloads(scale: int) -> dict:
         parts = [dask.delayed(sleep)(i, 0.05) for i in range(40 * scale)]
         return dask.delayed(sum)(parts)
 
+    def frame(seed: int = 1, freq: str = "1s"):
+        return dask.datasets.timeseries(start="2000-01-01", end=f"2000-01-{1 + 8 * scale:02d}",
+                                        freq=freq, partition_freq="1D", seed=seed)
+
+    def p2p_shuffle():
+        return frame().shuffle("id", shuffle_method="p2p").x.sum()
+
+    def p2p_groupby():
+        return frame().groupby("name").x.mean(split_out=4, shuffle_method="p2p")
+
+    def p2p_join():
+        left, right = frame().reset_index(), frame(2, "10s").reset_index()
+        return left.merge(right, on="timestamp", shuffle_method="p2p").size
+
+    def p2p_rechunk():
+        x = da.random.random((3000 * scale, 3000 * scale), chunks=(300 * scale, 3000 * scale))
+        return x.rechunk((3000 * scale, 300 * scale), method="p2p").sum()
+
     return {"array matmul": matmul, "array rechunk": rechunk, "bag foldby": foldby,
-            "delayed tree": tree, "40 sleeps of 50 ms": queued}
+            "delayed tree": tree, "40 sleeps of 50 ms": queued,
+            "p2p dataframe shuffle": p2p_shuffle, "p2p groupby": p2p_groupby,
+            "p2p hash join": p2p_join, "p2p array rechunk": p2p_rechunk}
 
 
 def shares(path) -> str:

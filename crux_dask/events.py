@@ -127,9 +127,11 @@ class Shard(NamedTuple):
 
     One shard per destination worker of the shuffle, ``nbytes`` long, made
     from the task's ``inputs`` between ``start`` and ``stop`` (the task's
-    run).  The shard then moves to the destination (a ``transfer`` of the key
-    :func:`crux_dask.model.shard_key` gives), where the shuffle's barrier and
-    output tasks take it.
+    run until its data was split).  ``destination`` is the location the shard
+    goes to: the worker's memory, or its disk where the shuffle keeps what it
+    receives there.  The shard moves there (a ``transfer`` of the key
+    :func:`crux_dask.model.shard_key` gives, unless it is already there),
+    where the shuffle's barrier and output tasks take it.
     """
 
     kind: str

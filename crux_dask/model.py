@@ -203,9 +203,13 @@ SHARDS_LABEL = "p2p-shards"
 BARRIER_LABEL = "shuffle-barrier"
 
 
-def shard_key(transfer_key: str, worker: str) -> str:
-    """The key of the shard the P2P transfer task ``transfer_key`` made for ``worker``."""
-    return f"{transfer_key}->{worker}"
+def shard_key(transfer_key: str, destination: str) -> str:
+    """The key of the shard the P2P transfer task ``transfer_key`` made for ``destination``.
+
+    ``destination`` is the location the shard is sent to: a worker's memory,
+    or its disk where the shuffle keeps what it receives on disk.
+    """
+    return f"{transfer_key}->{destination}"
 
 
 def location_class(location: str) -> str:

@@ -6,7 +6,9 @@ another task freed).  Its ``cost`` (the time between the two states) splits
 into:
 
 * the **busy** part: the operation that made the state (a computation, a
-  transfer, a spill, file I/O), named by its category;
+  transfer, a spill, file I/O), named by its category; the shards of a P2P
+  shuffle are computed by its transfer tasks, and their sending (to the
+  destination's memory or disk) is a transfer;
 * **io**: of a computation, the seconds it spent on files (off the CPU after
   it opened its first file), where measured;
 * **client**: of the time before a task's operation, the part before its
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crux_dask.model import CauseKind, MutationKind, location_class
+from crux_dask.model import SHARDS_LABEL, CauseKind, MutationKind, location_class
 from crux_dask.store import PAGStore
 
 # pandas is imported where frames are made: a scheduler loads this module as it
@@ -222,6 +224,7 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     category[moved] = "transfer"
     category[moved & ((src_class == "file") | (dst_class == "file"))] = "io"
     category[moved & ((src_class == "disk") | (dst_class == "disk"))] = "spill"
+    category[moved & (states["label"].iloc[1:].to_numpy() == SHARDS_LABEL)] = "transfer"
     cost = stop - src_time
     busy = np.zeros(n)
     busy[~through_cause] = store.column("mutation_busy", mids)

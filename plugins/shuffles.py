@@ -13,8 +13,9 @@ table, or the arrays' ``nbytes``):
   task until the task is done and then left in its metadata, to reach the
   scheduler with its completion;
 * on the event loop, each message the comm buffer sent: the shards in it
-  moved from this worker's memory to the destination's, from the send's start
-  until the destination had taken them (the answer).
+  moved from this worker's memory to the destination (its memory, or its
+  disk where the shuffle writes what it receives to disk), from the send's
+  start until the destination had taken them (the answer).
 
 The run's own objects are wrapped on the instance, never its class: a shuffle
 this plugin did not watch runs as before, and teardown unwraps the runs still
@@ -30,7 +31,7 @@ from typing import Any
 
 from distributed.worker import thread_state
 
-from crux_dask.model import shard_key
+from crux_dask.model import disk_location, memory_location, shard_key
 from crux_dask.plugins.protocol import key_string
 
 __all__ = ["ShardRecorder", "shard_bytes"]
@@ -65,24 +66,21 @@ class ShardRecorder:
         Takes one event tuple (``transfer``, ``delete``) for the scheduler.
     now : callable
         Now, in the scheduler's clock.
-    memory : callable
-        The memory location of a worker address.
 
     Attributes
     ----------
     by_task : dict
         Task key -> ``[split time, [[destination, bytes], ...]]``: the shards a
-        transfer task made, until the task is done.
+        transfer task made (destinations are locations), until the task is done.
     errors : int
         Failures of the recorder's own wrappers (the shuffle goes on).
     """
 
     def __init__(self, worker: Any, record: Callable[[tuple], None],
-                 now: Callable[[], float], memory: Callable[[str], str]) -> None:
+                 now: Callable[[], float]) -> None:
         self.worker = worker
         self.record = record
         self.now = now
-        self.memory = memory
         self.by_task: dict[Any, list[list]] = {}
         self.errors = 0
         self._runs: weakref.WeakSet = weakref.WeakSet()
@@ -125,15 +123,16 @@ class ShardRecorder:
             self.errors += 1
             self._runs.add(run)
             return
-        keys: dict[Any, list] = {}  # input partition -> [shard key prefix, destinations left]
+        keys: dict[Any, list] = {}  # input partition -> [transfer task key, destinations left]
         local = self.worker.address
-        memory = self.memory(local)
+        memory = memory_location(local)
+        place = disk_location if _writes_to_disk(run) else memory_location
 
         def _shard_partition(data: Any, partition_id: Any, **kwargs: Any) -> Any:
             out = split(data, partition_id, **kwargs)
             try:
                 key = thread_state.key
-                self.by_task[key] = [self.now(), [[dest, shard_bytes(shard)]
+                self.by_task[key] = [self.now(), [[place(dest), shard_bytes(shard)]
                                                   for dest, shard in out.items()]]
                 keys[partition_id] = [key_string(key), len(out)]
             except Exception:
@@ -145,7 +144,7 @@ class ShardRecorder:
             response = await send(address, shards)
             try:
                 if isinstance(response, dict) and response.get("status") == "OK":
-                    self._sent(keys, memory, local, address, shards, start)
+                    self._sent(keys, memory, place(address), shards, start)
             except Exception:
                 self.errors += 1
             return response
@@ -155,11 +154,10 @@ class ShardRecorder:
         buffer.send = sent
         self._runs.add(run)
 
-    def _sent(self, keys: dict, memory: str, local: str, address: str, shards: list,
+    def _sent(self, keys: dict, memory: str, destination: str, shards: list,
               start: float) -> None:
-        """The shards of one message reached ``address``: each moved there, and left here."""
+        """The shards of one message reached ``destination``: each moved there, and left here."""
         stop = self.now()
-        destination = self.memory(address)
         for shard in shards:
             entry = keys.get(shard[0])
             if entry is None:
@@ -167,9 +165,9 @@ class ShardRecorder:
             entry[1] -= 1
             if entry[1] <= 0:
                 del keys[shard[0]]
-            if address == local:
+            if destination == memory:
                 continue  # it stays in this worker's memory
-            name = shard_key(entry[0], address)
+            name = shard_key(entry[0], destination)
             self.record(("transfer", name, memory, destination, start, stop,
                          shard_bytes(shard)))
             self.record(("delete", name, memory, stop))
@@ -177,3 +175,12 @@ class ShardRecorder:
     def forget(self, key: Any) -> None:
         """The task ``key`` will not be reported done: drop its shards."""
         self.by_task.pop(key, None)
+
+
+def _writes_to_disk(run: Any) -> bool:
+    """Whether a shuffle run keeps the shards it receives on disk (distributed's default)."""
+    try:
+        from distributed.shuffle._disk import DiskShardsBuffer
+    except ImportError:
+        return False
+    return isinstance(getattr(run, "_disk_buffer", None), DiskShardsBuffer)

@@ -134,7 +134,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.files.start()
         self.shards: ShardRecorder | None = None
         if self.capture.get("shuffles", True):
-            self.shards = ShardRecorder(worker, self._record, self._now, memory_location)
+            self.shards = ShardRecorder(worker, self._record, self._now)
             self.shards.start()
         self._callback = PeriodicCallback(self._flush_soon, self.flush_interval * 1000)
         self._callback.start()

@@ -336,6 +336,8 @@ class PAGBuilder:
                               NO_THREAD, 0, time, time, time, store.n_mutations)
         self._add_mutation(src, dst, _DELETE, 0.0)
         self.n_applied += 1
+        if e.key in self.shuffles.barriers and e.key not in self.holdings.newest:
+            self.shuffles.release(self, e.key, time)
         return dst
 
     # -- what the scheduler adds --------------------------------------------------

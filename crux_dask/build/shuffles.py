@@ -8,7 +8,7 @@ transfer tasks as inputs (directly, or through tasks Dask put between them)
 and finishes once every shard has reached its destination: it is a ``MERGE``
 of every shard where it arrived, as well as of its inputs.  Each *output*
 task takes the barrier as input and reads the shards its worker received: a
-``MERGE`` of those.
+``MERGE`` of those.  The shards are released with the barrier's last copy.
 
 A transfer task is one that made shards, an output one whose input is a
 barrier; the barrier is known by its label, the prefix distributed gives
@@ -38,7 +38,7 @@ class Shuffles:
     Attributes
     ----------
     shards : dict
-        Transfer task key -> ``{shard key: destination memory code}``.
+        Transfer task key -> ``{shard key: destination location code}``.
     carriers : dict
         Key of a task that took transfer tasks as inputs without being the
         barrier (an alias Dask put between them) -> those transfer task keys.
@@ -61,7 +61,7 @@ class Shuffles:
 
         The barrier (labelled :data:`~crux_dask.model.BARRIER_LABEL`) merges
         every shard of its transfer tasks where it arrived; an output task the
-        shards that arrived in its worker's memory; any other task taking
+        shards that arrived at its worker (memory or disk); any other task taking
         transfer tasks carries them to the barrier.  ``None`` if the
         computation now waits for a shard to arrive.
         """
@@ -75,10 +75,11 @@ class Shuffles:
         wanted: list[tuple[str, int]] = []
         for name in transfers:
             wanted += self.shards[name].items()
+        worker = builder.places.worker
         for name in inputs:
             for transfer in self.barriers.get(name, ()):
                 wanted += [(s, dest) for s, dest in self.shards[transfer].items()
-                           if dest == memory]
+                           if worker[dest] == worker[memory]]
         found = []
         holdings = builder.holdings
         for name, dest in wanted:
@@ -93,6 +94,25 @@ class Shuffles:
             self.keys.add(key)
         return found
 
+    def release(self, builder: PAGBuilder, barrier: str, time: float) -> None:
+        """The barrier's last copy is released: so are its shuffle's shards, at ``time``.
+
+        distributed cleans a shuffle's buffers up once its outputs no longer
+        need the barrier; what the builder knew of the shuffle is forgotten.
+        """
+        transfers = self.barriers.pop(barrier)
+        self.keys.discard(barrier)
+        locations = builder.store.locations.values
+        for transfer in transfers:
+            for name, dest in self.shards.pop(transfer, {}).items():
+                if builder.holdings.at(name, dest) is not None:
+                    builder.delete(name, locations[dest], time)
+            self.keys.discard(transfer)
+        gone = set(transfers)
+        for carrier in [k for k, taken in self.carriers.items() if gone.issuperset(taken)]:
+            del self.carriers[carrier]
+            self.keys.discard(carrier)
+
 
 def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
     """A transfer task split its data for one destination: the shard's state, or ``None``.
@@ -104,7 +124,8 @@ def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
     """
     e = event if type(event) is Shard else Shard(*event)
     busy = e.stop - e.start
-    if e.nbytes < 0 or not isinstance(e.destination, str):
+    if e.nbytes < 0 or not (isinstance(e.destination, str)
+                            and e.destination.startswith(lookups.AWAITED)):
         raise ValueError(f"not a shard: {event!r:.120}")
     store, holdings, places = builder.store, builder.holdings, builder.places
     memory = places.memory_of(e.worker)
@@ -129,6 +150,6 @@ def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
     sid = builder.new_state(code, memory, places.worker[memory], None, e.nbytes, e.start,
                             e.stop, e.stop, sources or [task], _SPLIT, busy, moments)
     shuffles = builder.shuffles
-    shuffles.shards.setdefault(e.key, {})[name] = places.memory_of(e.destination)
+    shuffles.shards.setdefault(e.key, {})[name] = places.code(e.destination)
     shuffles.keys.add(e.key)
     return builder.applied(sid)

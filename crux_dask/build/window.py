@@ -135,11 +135,14 @@ class _Window:
         input_src, t_src, t_before, d_src = np.split(
             looked_up, np.cumsum([len(input_event), len(ti), len(ti)]))
         bad[input_event[input_src < 0]] = True
-        shuffled = builder.shuffles.keys
-        if shuffled:  # a shuffle's barrier or output: its shards need the scalar path
+        shuffles = builder.shuffles
+        if shuffles.keys:  # a shuffle's barrier, its outputs, its release: the scalar path
             bad[input_event[np.fromiter(
-                map(shuffled.__contains__, map(names.__getitem__, input_key.tolist())), bool,
-                len(input_key))]] = True
+                map(shuffles.keys.__contains__, map(names.__getitem__, input_key.tolist())),
+                bool, len(input_key))]] = True
+            bad[di] |= np.fromiter(
+                map(shuffles.barriers.__contains__, map(names.__getitem__, ev_key[di].tolist())),
+                bool, len(di))
         bad[ti] |= t_src < 0
         bad[di] |= d_src < 0
         c_root_state = np.full(nc, -1, np.int64)

@@ -1,0 +1,307 @@
+"""P2P shuffles as data states: shards split, sent and merged, checked against distributed."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, wait
+from distributed.utils_test import async_poll_for
+
+import crux_dask
+from crux_dask import PAGBuilder
+from crux_dask.build import feed as feed_module
+from crux_dask.build.shuffles import Shuffles
+from crux_dask.events import TYPES
+from crux_dask.model import BARRIER_LABEL, SHARDS_LABEL, shard_key
+from crux_dask.path import CATEGORIES
+from crux_dask.plugins.protocol import SHARDS
+from crux_dask.plugins.shuffles import shard_bytes
+from crux_dask.plugins.tasks import TASK, task_events
+
+A, B = "tcp://a:1", "tcp://b:1"
+MEM_A, MEM_B = f"memory@{A}", f"memory@{B}"
+SHARDS_METRIC = ("p2p", "foreground", "shards", "bytes")
+BARRIER = "shuffle-barrier-4b3f04ef116eda78106718102fe7ca5a"
+
+
+def shuffle_events(late_sends: bool = False, disk: bool = False) -> list[tuple]:
+    """Two input partitions on A and B, shuffled to A and B; outputs on both.
+
+    With ``disk`` the shuffle keeps what it receives on disk, as distributed
+    does by default: even a worker's shards for itself are sent there.
+    """
+    def to(worker: str) -> str:
+        return f"disk@{worker}" if disk else f"memory@{worker}"
+
+    events = [
+        ("root", 0.0),
+        ("compute", "x-0", A, 1, 1.0, 2.0, 100),
+        ("compute", "x-1", B, 1, 1.0, 2.5, 100),
+        ("compute", "t-0", A, 1, 2.0, 3.0, 8, ("x-0",), -1, "shuffle-transfer"),
+        ("shard", "t-0", A, to(A), 40, 2.0, 2.8, ("x-0",)),
+        ("shard", "t-0", A, to(B), 60, 2.0, 2.8, ("x-0",)),
+        ("compute", "t-1", B, 1, 2.5, 3.5, 8, ("x-1",), -1, "shuffle-transfer"),
+        ("shard", "t-1", B, to(A), 70, 2.5, 3.2, ("x-1",)),
+        ("shard", "t-1", B, to(B), 30, 2.5, 3.2, ("x-1",)),
+        ("transfer", "t-0", MEM_A, MEM_B, 3.1, 3.2, 8),
+    ]
+    sends = [(("t-0", MEM_A, B, 2.9, 3.6, 60)), ("t-1", MEM_B, A, 3.3, 4.0, 70)]
+    if disk:
+        sends += [("t-0", MEM_A, A, 2.9, 3.0, 40), ("t-1", MEM_B, B, 3.3, 3.4, 30)]
+    sent = []
+    for key, source, worker, start, stop, size in sends:
+        name = shard_key(key, to(worker))
+        sent += [("transfer", name, source, to(worker), start, stop, size),
+                 ("delete", name, source, stop)]
+    barrier = ("compute", BARRIER, B, 1, 3.6, 4.2, 8, ("t-0", "t-1"))
+    outputs = [("transfer", BARRIER, MEM_B, MEM_A, 4.2, 4.3, 8),
+               ("compute", "out-0", A, 1, 4.5, 5.0, 110, (BARRIER,)),
+               ("compute", "out-1", B, 1, 4.4, 5.1, 90, (BARRIER,))]
+    if late_sends:  # the scheduler's reports overtake a worker's sends
+        return [*events, barrier, *outputs, *sent]
+    return [*events, *sent, barrier, *outputs]
+
+
+def sources_of(store, sid: int) -> set[tuple[str, str]]:
+    return {(store.keys.values[store.state_key[src]],
+             store.locations.values[store.state_location[src]])
+            for src, dst in zip(store.mutation_src, store.mutation_dst) if dst == sid}
+
+
+@pytest.mark.parametrize(("late_sends", "disk"), [(False, False), (True, False), (False, True)])
+def test_shards_are_split_sent_and_merged_by_the_barrier_and_the_outputs(late_sends, disk):
+    place = "disk" if disk else "memory"
+    b = PAGBuilder()
+    b.apply_many(shuffle_events(late_sends, disk))
+    assert b.n_parked == 0  # what waited for the sends was applied when they came
+    store = b.store
+    pag = b.pag()
+    states = pag.states
+    shards = states[states["label"] == SHARDS_LABEL]
+    split = shards.drop_duplicates("key")
+    assert sorted(split["size"]) == [30, 40, 60, 70]
+    assert (split["origin"] == "shuffle-transfer").all()
+    kinds = pag.mutations.set_index("dst")["kind"]
+    assert (kinds[split["state_id"]] == "SPLIT").all()
+    for key, home in (("t-0", MEM_A), ("t-1", MEM_B)):
+        for dest in (A, B):
+            name = shard_key(key, f"{place}@{dest}")
+            sid = int(split[split["key"] == name]["state_id"].iloc[0])
+            assert sources_of(store, sid) == {(f"x-{key[-1]}", home)}
+
+    def state(key: str) -> int:  # the state its computation made
+        return int(states[states["key"] == key]["state_id"].iloc[0])
+
+    def arrived(key: str, worker: str) -> tuple[str, str]:
+        return shard_key(key, f"{place}@{worker}"), f"{place}@{worker}"
+
+    # The barrier merges its inputs and every shard where it arrived.
+    assert sources_of(store, state(BARRIER)) == {
+        ("t-0", MEM_B), ("t-1", MEM_B), arrived("t-0", A), arrived("t-0", B),
+        arrived("t-1", A), arrived("t-1", B)}
+    # Each output the barrier and the shards its worker received.
+    assert sources_of(store, state("out-0")) == {
+        (BARRIER, MEM_A), arrived("t-0", A), arrived("t-1", A)}
+    assert sources_of(store, state("out-1")) == {
+        (BARRIER, MEM_B), arrived("t-0", B), arrived("t-1", B)}
+    # The last shard to arrive (t-1's, at 4.0) is what the barrier waited for.
+    path = pag.wcp(end=state("out-1"))
+    assert list(path.to_frame()["key"])[-3:] == [shard_key("t-1", f"{place}@{A}"), BARRIER,
+                                                  "out-1"]
+
+    # The shards are released with the barrier's last copy, and forgotten.
+    def held(key: str, worker: str) -> bool:
+        name, location = arrived(key, worker)
+        return b.holdings.at(name, store.locations.codes[location]) is not None
+
+    b.apply(("delete", BARRIER, MEM_B, 6.0))
+    assert all(held(k, w) for k in ("t-0", "t-1") for w in (A, B))
+    b.apply(("delete", BARRIER, MEM_A, 6.1))
+    assert not any(store.labels.values[store.key_label[store.state_key[s]]] == SHARDS_LABEL
+                   for s in b.live_states())
+    assert not (b.shuffles.shards or b.shuffles.barriers or b.shuffles.keys)
+
+
+@pytest.mark.parametrize("late_sends", [False, True])
+def test_windows_build_a_shuffle_exactly_as_one_by_one(monkeypatch, late_sends):
+    # A second shuffle like the first (labels the windows know), then routine events the
+    # windows take around the release: more partitions, their release.
+    first = shuffle_events(late_sends, disk=True)
+    names = {**{f"{k}-{i}": f"{k}-{i + 2}" for k in ("x", "t", "out") for i in (0, 1)},
+             BARRIER: BARRIER.replace("4b3f", "5c4e")}
+
+    def renamed(value):
+        if isinstance(value, tuple):
+            return tuple(map(renamed, value))
+        if not isinstance(value, str):
+            return value
+        head, arrow, tail = value.partition("->")
+        return names.get(head, head) + arrow + tail
+
+    events = [*first, *(renamed(e) for e in first if e[0] != "root"),
+              *(("compute", f"y-{i}", A, 2, 6.0 + i, 6.5 + i, 10, ("out-0",)) for i in range(4)),
+              *(("delete", f"y-{i}", MEM_A, 10.0 + i) for i in range(3)),
+              ("delete", BARRIER, MEM_B, 13.0), ("delete", "y-3", MEM_A, 13.1),
+              ("delete", BARRIER, MEM_A, 13.2),
+              *(renamed(("delete", BARRIER, where, 14.0)) for where in (MEM_A, MEM_B))]
+    events = [tuple(TYPES[e[0]](*e)) for e in events]  # every field, as the scheduler gives
+    one = PAGBuilder(run_id="same")
+    for event in events:
+        one.apply(event)
+    monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)  # windows wherever they can
+    monkeypatch.setattr(feed_module, "PAUSE_MIN", 0)
+    windowed = PAGBuilder(run_id="same")
+    windowed.apply_many(events)
+    for table in ("states", "mutations", "causes", "moments"):
+        assert getattr(windowed.pag(), table).equals(getattr(one.pag(), table)), table
+    assert windowed.holdings.newest == one.holdings.newest
+    assert vars(windowed.shuffles) == vars(one.shuffles) == vars(Shuffles())
+
+
+def test_a_malformed_shard_event_is_refused_and_changes_nothing():
+    b = PAGBuilder()
+    b.apply_many(shuffle_events()[:4])
+    n = b.store.n_states
+    for event in [("shard", "t-0", A, MEM_A, -1, 2.0, 2.8), ("shard", "t-0", A, 7, 1, 2.0, 2.8),
+                  ("shard", "t-0", A, A, 1, 2.0, 2.8), ("shard", "t-0", A, MEM_A, "x", 2.0, 2.8),
+                  ("shard", "t-0", A, MEM_A, 1)]:
+        with pytest.raises((ValueError, TypeError)):
+            b.apply(event)
+    assert b.store.n_states == n
+
+
+def test_shards_are_counted_as_distributed_counts_them():
+    table = b"\x00" * 1234
+    assert shard_bytes((7, table)) == 1234  # a dataframe shard: (partition, table)
+    arrays = ((0, 1), [((0, 0), ((0, 0), np.zeros((10, 10)))), ((0, 1), ((0, 0), np.ones(5)))])
+    assert shard_bytes(arrays) == 800 + 40  # an array shard: indices count nothing
+
+
+def test_what_a_worker_reports_in_another_form_gives_no_shards():
+    def entry(shards):
+        return (TASK, "t", "memory", A, 1, [{"action": "compute", "start": 1.0, "stop": 2.0}],
+                8, ["x"], "t", "t", None, -1, None, None, {SHARDS: shards})
+
+    made = task_events(entry([1.5, [[MEM_A, 10], [MEM_B, 20]]]))
+    assert [e[0] for e in made] == ["compute", "shard", "shard"]
+    assert made[1][3:7] == (MEM_A, 10, 1.0, 1.5)
+    assert task_events(entry([9.0, [[MEM_A, 10]]]))[1][6] == 2.0  # a split outside the run
+    for shards in ([1.5], "junk", [1.5, [[MEM_A, -1]]], [1.5, [[7, 10]]],
+                   [1.5, [[MEM_A, "10"]]]):
+        assert [e[0] for e in task_events(entry(shards))] == ["compute"]
+
+
+# The tests below share one cluster of worker processes.
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        yield client
+
+
+def frame(seed: int = 1, freq: str = "1s"):
+    return dask.datasets.timeseries(start="2000-01-01", end="2000-01-09", freq=freq,
+                                    partition_freq="1D", seed=seed)
+
+
+WORKLOADS = {
+    "shuffle": lambda: frame().shuffle("id", shuffle_method="p2p").x.sum(),
+    "groupby": lambda: frame().groupby("name").x.mean(split_out=4, shuffle_method="p2p"),
+    "hash join": lambda: frame().reset_index().merge(
+        frame(2, "10s").reset_index(), on="timestamp", shuffle_method="p2p").size,
+    "array rechunk": lambda: da.random.random((3000, 3000), chunks=(300, 3000)).rechunk(
+        (3000, 300), method="p2p").sum(),
+}
+
+
+def shard_metric(client: Client) -> float:
+    """Shard bytes distributed counted: once every worker's count reached the scheduler."""
+    def on_workers(dask_worker):
+        return sum(v for k, v in dask_worker.digests_total.items()
+                   if isinstance(k, tuple) and k[:1] == ("p2p",) and k[2:] == SHARDS_METRIC[1:])
+
+    counted = sum(client.run(on_workers).values())
+
+    async def reached(dask_scheduler):
+        await async_poll_for(
+            lambda: dask_scheduler.cumulative_worker_metrics.get(SHARDS_METRIC, 0) >= counted,
+            timeout=30)
+        return dask_scheduler.cumulative_worker_metrics[SHARDS_METRIC]
+
+    return client.run_on_scheduler(reached)
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_a_shuffle_s_shards_hold_the_bytes_distributed_counts_and_explain_its_path(client,
+                                                                                  name):
+    before = crux_dask.get_pag(client).states
+    before_metric = shard_metric(client) if len(before) else 0.0
+    dask.compute(WORKLOADS[name]())
+    pag = crux_dask.get_pag(client)
+    states = pag.states[len(before):]
+    shards = states[states["label"] == SHARDS_LABEL]
+    kinds = pag.mutations.drop_duplicates("dst").set_index("dst")["kind"]
+    split = shards[kinds[shards["state_id"]].to_numpy() == "SPLIT"]
+    assert len(split) and split["key"].is_unique
+    assert split["origin"].str.contains("transfer").all()
+    counted = shard_metric(client) - before_metric
+    assert split["size"].sum() == pytest.approx(counted, rel=0.01)
+    sent = shards[kinds[shards["state_id"]].to_numpy() == "TRANSFER"]
+    assert len(sent)  # two workers: some shards crossed
+
+    # Measured times agree with the barrier: it finished after every shard arrived.
+    barrier = states[states["label"] == BARRIER_LABEL]
+    assert len(barrier)
+    assert sent["time"].max() <= barrier["time"].max() + 0.01
+
+    path = crux_dask.get_wcp(client, computation=-1)
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
+    assert set(path.breakdown) == set(CATEGORIES)
+    assert path.breakdown["wait"] <= 0.10 * path.length
+    steps = path.to_frame()
+    # Splitting is the transfer task's computation; sending, to memory or disk, a transfer.
+    shard_steps = steps[steps["label"] == SHARDS_LABEL]
+    assert set(shard_steps["category"]) <= {"compute", "transfer"}
+    on_path = steps.index[steps["label"] == BARRIER_LABEL]
+    if len(on_path):  # through the barrier to the transfer task that was last
+        before_barrier = steps.loc[on_path[0] - 1, "label"]
+        assert before_barrier == SHARDS_LABEL or "transfer" in before_barrier
+
+
+def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(client):
+    def slow(df):
+        time.sleep(0.2)
+        return df
+
+    meta = frame(3)._meta
+    result = frame(3).map_partitions(slow, meta=meta).shuffle("id", shuffle_method="p2p").x.sum()
+    expected = frame(3).x.sum().compute()
+    future = client.compute(result)
+
+    async def mid_shuffle(dask_scheduler):  # some transfer tasks done, shards made
+        await async_poll_for(lambda: any(
+            ts.state == "memory" for ts in dask_scheduler.tasks.values()
+            if ts.prefix.name == "shuffle-transfer"), timeout=60)
+
+    client.run_on_scheduler(mid_shuffle)
+    client.restart_workers([next(iter(client.scheduler_info()["workers"]))])
+    wait(future)
+    assert future.result() == pytest.approx(expected)
+
+    pag = crux_dask.get_pag(client)
+    stats = crux_dask.get_stats(client)
+    assert stats["events_pending"] == 0 and stats["last_error"] is None
+    n = len(pag.states)
+    mutations = pag.mutations
+    assert mutations["src"].between(0, n - 1).all() and mutations["dst"].between(0, n - 1).all()
+    assert (mutations["src"] < mutations["dst"]).all()  # a DAG, in order of creation
+    states = pag.states
+    assert (states[states["label"] == SHARDS_LABEL]["size"] >= 0).all()
+    path = crux_dask.get_wcp(client, computation=-1)
+    assert path.length > 0
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)

@@ -394,7 +394,8 @@ def _kind(value: Any) -> str | None:
 _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"),
              ("transfer", "nbytes"), ("transfer", "requested"),
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
-                                              "released_on", "priority", "io")),
+                                              "released_on", "priority", "io",
+                                              "first_requested")),
              ("file", "requested")}
 
 _FIELD_CHECKS = {
@@ -404,5 +405,6 @@ _FIELD_CHECKS = {
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
     "sent": _time, "received": _time, "runnable": _time, "requested": _time,
     "released_by": _string, "released_on": _string, "priority": _time, "io": _time,
+    "first_requested": _time,
     "written": _flag,
 }

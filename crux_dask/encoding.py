@@ -116,6 +116,7 @@ def encode(events: list) -> dict[str, Any]:
     bad[ci] |= _is_not_none(trailing(ci, _C["released_by"]))  # a queued task: one by one
     bad[ci] |= _is_not_none(trailing(ci, _C["released_on"]))
     bad[ci] |= _is_not_none(trailing(ci, _C["io"]))  # a task that used files: one by one
+    bad[ci] |= _is_not_none(trailing(ci, _C["first_requested"]))  # and one sent again
     c_inputs = field(ci, _C["inputs"])
     if not set(map(type, c_inputs)) <= {tuple, list}:
         bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)

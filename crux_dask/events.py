@@ -44,9 +44,11 @@ class Compute(NamedTuple):
     for a task the scheduler held back in its queue, ``released_by``: the key
     of the task whose completion freed its slot, computed on ``released_on``.
     ``priority`` is the priority Dask gave the task, as one number (lower runs
-    first; see :func:`crux_dask.plugins.tasks.priority_number`), and ``io``
+    first; see :func:`crux_dask.plugins.tasks.priority_number`), ``io``
     the seconds of its run it spent on files (off the CPU after it opened its
-    first file), where measured.
+    first file), where measured, and ``first_requested``, for a task the
+    scheduler took back from a worker and sent again (rescheduled), when it
+    first sent it.
     """
 
     kind: str
@@ -71,6 +73,7 @@ class Compute(NamedTuple):
     released_on: str | None = None
     priority: float | None = None
     io: float | None = None
+    first_requested: float | None = None
 
 
 class Transfer(NamedTuple):
@@ -158,7 +161,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
 #: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 8, "transfer": 5, "delete": 3, "file": 6,
+    "root": 1, "compute": len(Compute._fields) - 9, "transfer": 5, "delete": 3, "file": 6,
     "shard": 6}
 
 

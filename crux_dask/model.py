@@ -123,8 +123,11 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: worker), ``received`` (the worker got the task), ``runnable`` (all the
 #: task's inputs were in its worker's memory), a task's ``priority`` in Dask
 #: as one number (lower runs first), the seconds of a task's run it spent on
-#: files (``io``: off the CPU after it opened its first file), and when the
-#: task's graph reached the scheduler (``submitted``).
+#: files (``io``: off the CPU after it opened its first file), when the
+#: scheduler first sent a task it took back and sent again
+#: (``first_requested``: a task that raised ``Reschedule``, a P2P shuffle's
+#: output pinned to its worker, a task whose worker was lost), and when the
+#: task's graph reached the scheduler (``submitted``, always last).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
@@ -133,6 +136,7 @@ MOMENT_COLUMNS: dict[str, str] = {
     "runnable": "float64",
     "priority": "float64",
     "io": "float64",
+    "first_requested": "float64",
     "submitted": "float64",
 }
 #: The per-state values of :data:`MOMENT_COLUMNS`, in order.

@@ -18,6 +18,10 @@ into:
   task's moments were recorded (when the scheduler sent it, when its worker got
   it and could run it): the scheduler's decision, the message and the
   worker's dispatch;
+* **rescheduled**: of that, for a task the scheduler took back from a worker
+  and sent again (a task that raised ``Reschedule``, a P2P shuffle's output
+  run once only to pin it to its worker, a task whose worker was lost), the
+  time from its first sending to its last;
 * **queued**: a fetch that waited, from when its worker asked for it to its
   start, for the worker's transfer capacity;
 * **wait**: what no recorded interval explains.
@@ -42,10 +46,10 @@ if TYPE_CHECKING:
 __all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "CriticalPath", "Steps"]
 
 #: Categories of the breakdown, in display order.
-CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "client", "scheduling", "queued",
-              "wait")
+CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "client", "scheduling",
+              "rescheduled", "queued", "wait")
 #: The parts of a step's cost besides its busy part, each a category of its own.
-PARTS = ("io", "client", "scheduling", "queued", "wait")
+PARTS = ("io", "client", "scheduling", "rescheduled", "queued", "wait")
 #: The steps of a path, in order: whether each came through a cause, and the id
 #: of its cause or mutation.
 Steps = tuple[np.ndarray, np.ndarray]
@@ -102,9 +106,9 @@ class CriticalPath:
         """The path from the time ``start`` on (the same path if it starts later).
 
         The part of the first step before ``start`` is taken off, earliest
-        part first: its ``wait``, ``queued``, ``scheduling``, then its busy
-        part.  The states are kept; :attr:`length` and :attr:`breakdown`
-        count from ``start``.
+        part first: its ``wait``, ``client``, ``queued``, ``scheduling``,
+        ``rescheduled``, ``io``, then its busy part.  The states are kept;
+        :attr:`length` and :attr:`breakdown` count from ``start``.
         """
         if not len(self.states) or self.states["time"].iloc[0] >= start:
             return self
@@ -112,7 +116,7 @@ class CriticalPath:
         cut = min(start, end) - float(self.states["time"].iloc[0])
         steps = self.steps.copy()
         steps.loc[0, "cost"] -= cut
-        for part in ("wait", "client", "queued", "scheduling", "io", "busy"):
+        for part in ("wait", "client", "queued", "scheduling", "rescheduled", "io", "busy"):
             taken = min(cut, max(float(steps.loc[0, part]), 0.0))
             steps.loc[0, part] -= taken
             cut -= taken
@@ -247,8 +251,12 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     client = np.where(recorded & ~np.isnan(submitted),
                       np.clip(np.minimum(submitted, start) - src_time, 0.0, explained - queued),
                       0.0)
-    scheduling = np.where(recorded, explained - queued - client, 0.0)
-    wait = gap - scheduling - queued - client
+    # Sent, taken back and sent again: from its first sending to its last.
+    first = store.column("state_first_requested", dst)
+    rescheduled = np.where(recorded & ~np.isnan(first), np.clip(
+        requested - np.maximum(first, src_time), 0.0, explained - queued - client), 0.0)
+    scheduling = np.where(recorded, explained - queued - client - rescheduled, 0.0)
+    wait = gap - scheduling - rescheduled - queued - client
     return pd.DataFrame({
         "step": np.arange(n),
         "via": pd.Series(via, dtype="str"),
@@ -270,6 +278,7 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         "io": io,
         "client": client,
         "scheduling": scheduling,
+        "rescheduled": rescheduled,
         "queued": queued,
         "wait": wait,
     })

@@ -62,7 +62,7 @@ def schemas() -> dict[str, Any]:
             ("state_id", pa.int64()), ("requested", pa.float64()),
             ("received", pa.float64()), ("runnable", pa.float64()),
             ("priority", pa.float64()), ("io", pa.float64()),
-            ("submitted", pa.float64()),
+            ("first_requested", pa.float64()), ("submitted", pa.float64()),
         ]),
         "scopes": pa.schema([
             ("kind", text), ("id", pa.string()), ("name", pa.string()),
@@ -76,7 +76,7 @@ def schemas() -> dict[str, Any]:
             ("size", pa.int64()), ("start", pa.float64()), ("stop", pa.float64()),
             ("cost", pa.float64()), ("busy", pa.float64()), ("io", pa.float64()),
             ("client", pa.float64()),
-            ("scheduling", pa.float64()),
+            ("scheduling", pa.float64()), ("rescheduled", pa.float64()),
             ("queued", pa.float64()), ("wait", pa.float64()),
         ]),
     }

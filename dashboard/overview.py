@@ -5,7 +5,7 @@ computed, moved, spilled or released), sized by its data volume; an edge
 counts the mutations from one group to another, and a group sits one layer to
 the right of the deepest group it takes data from.  Groups the path goes
 through are coloured by where the path's time in them went (its busy
-categories, scheduling, queued, wait) and joined by the path's own edges;
+categories, scheduling, rescheduled, queued, wait) and joined by the path's own edges;
 the others are grey.
 
 Each update folds in only the states and mutations added since the last one,

@@ -9,7 +9,7 @@ from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColu
 from crux_dask.dashboard.data import Component, GraphView, Source
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
-           "scheduling", "queued", "wait", "scope")
+           "scheduling", "rescheduled", "queued", "wait", "scope")
 
 
 class StepsTable(Component):
@@ -36,6 +36,8 @@ class StepsTable(Component):
             TableColumn(field="client", title="client (s)", formatter=seconds, width=70),
             TableColumn(field="scheduling", title="scheduling (s)", formatter=seconds,
                         width=80),
+            TableColumn(field="rescheduled", title="rescheduled (s)", formatter=seconds,
+                        width=85),
             TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),
             TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
             TableColumn(field="scope", title="scope", width=70),

@@ -19,8 +19,8 @@ from crux_dask.model import CauseKind, MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
 COLUMNS = ("lane", "left", "right", "wait_left", "kind", "via", "color", "key", "label",
-           "size", "source", "destination", "busy", "io", "client", "scheduling", "queued",
-           "wait", "start", "stop")
+           "size", "source", "destination", "busy", "io", "client", "scheduling",
+           "rescheduled", "queued", "wait", "start", "stop")
 LINKS = ("x0", "y0", "x1", "y1", "color", "via")
 
 
@@ -50,6 +50,7 @@ class WCPTimeline(Component):
             ("busy", "@busy{0.000} s"), ("io", "@io{0.000} s"),
             ("client", "@client{0.000} s"),
             ("scheduling", "@scheduling{0.000} s"),
+            ("rescheduled", "@rescheduled{0.000} s"),
             ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
 
@@ -70,7 +71,8 @@ class WCPTimeline(Component):
             "color": color.tolist(),
             **{c: steps[c].tolist() for c in ("key", "label", "source", "destination")},
             **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
-                                                 "queued", "wait", "start", "stop")},
+                                                 "rescheduled", "queued", "wait", "start",
+                                                 "stop")},
         }
         self.root.y_range.factors = sorted(set(data["lane"]))
         self.source.data = data

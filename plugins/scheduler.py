@@ -111,8 +111,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
                              park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
-        # Tasks on their way to or on a worker: key -> (when sent, who freed its queue slot).
-        self.sent: dict[Any, tuple[float, tuple[str, str] | None]] = {}
+        # Tasks on their way to or on a worker: key -> (when sent, who freed its queue
+        # slot[, when first sent, for a task taken back from a worker and sent again]).
+        self.sent: dict[Any, tuple] = {}
+        # Tasks taken back from a worker, to be sent again: when they were first sent.
+        self.resent: dict[Any, float] = {}
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
@@ -165,14 +168,21 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
-                self.sent[key] = (time.time(), (freed_by, freed_on) if (
+                sent = (time.time(), (freed_by, freed_on) if (
                     start == "queued" and stimulus == stimulus_id) else None)
+                if self.resent and key in self.resent:  # sent before, and taken back
+                    sent += (self.resent.pop(key),)
+                self.sent[key] = sent
                 return
             if start != "processing" or finish not in ("memory", "erred"):
                 if finish == "forgotten":  # never ran, or ran already: its root is not needed
                     self.graph_roots.pop(key, None)
-                elif start == "processing":  # stolen, rescheduled, lost
-                    self.sent.pop(key, None)
+                    if self.resent:
+                        self.resent.pop(key, None)
+                elif start == "processing":  # rescheduled, lost: it will be sent again
+                    sent = self.sent.pop(key, None)
+                    if sent is not None:
+                        self.resent.setdefault(key, sent[-1] if len(sent) > 2 else sent[0])
                 return
             worker = kwargs.get("worker")
             self.last_finished = (stimulus_id, key, worker)

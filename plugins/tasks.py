@@ -27,7 +27,8 @@ _GENERATION_SCALE = 2.0**20
 #: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
 #: dependencies, prefix, group, annotation, root, sent, priority, metadata)``:
 #: ``sent`` is ``(when the scheduler sent it, (key, worker) of the task that
-#: freed its queue slot or None)``, ``priority`` the task's priority tuple and
+#: freed its queue slot or None[, when it first sent it, for a task it took
+#: back and sent again])``, ``priority`` the task's priority tuple and
 #: ``metadata`` what its worker sent with its completion, where the worker
 #: plugin leaves the task's moments (``[received, runnable]``), the files it
 #: opened (``[io, host, [[path, written, size], ...]]``) and the shards of a
@@ -71,7 +72,7 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
         reads = annotation.get("reads")
         reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
     erred = finish == "erred"
-    sent_at, freed = sent if sent is not None else (None, None)
+    sent_at, freed, *first = sent if sent is not None else (None, None)
     received, runnable = _moments(moments)
     name = key_string(key)
     told = location is not None or reads is not None or kind is not None  # the annotation wins
@@ -81,7 +82,7 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
                inputs, root, label or prefix, group, kind, location,
                "erred" if erred else None, reads, sent_at, received, runnable,
                *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
-               priority_number(priority), io)
+               priority_number(priority), io, first[0] if first else None)
     split, made = (stop, ()) if erred or told or shards is None else _shards(shards, start,
                                                                               stop)
     if not opened and not made:

@@ -15,8 +15,9 @@ import dask
 import dask.array as da
 import dask.bag as db
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Reschedule
 from distributed.diagnostics.task_stream import TaskStreamPlugin
+from distributed.utils_test import gen_cluster
 
 import crux_dask
 from crux_dask import PAGBuilder
@@ -65,6 +66,44 @@ def warm_up(client: Client) -> None:
     worker imports the module, which would count as its dispatch."""
     for worker in client.scheduler_info()["workers"]:
         client.submit(work, 0, 0.0, workers=[worker], pure=False).result()
+
+
+# In-process clusters go first: the tests after them share clusters of worker processes.
+ATTEMPTS: list[float] = []
+
+
+def once_rescheduled(x: int) -> int:
+    """Its first run waits 0.3 s, then says it belongs elsewhere (as a P2P output does)."""
+    ATTEMPTS.append(time.time())
+    if len(ATTEMPTS) == 1:
+        time.sleep(0.3)
+        raise Reschedule()
+    return x + 1
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)] * 2)
+async def test_a_task_that_raised_reschedule_is_rescheduled_on_its_path(c, s, a, b):
+    await crux_dask.attach(c)
+    ATTEMPTS.clear()
+    x = c.submit(work, 1, 0.0, key="x")
+    assert await c.submit(once_rescheduled, x, key="y") == 2
+    assert len(ATTEMPTS) == 2
+    sent = [t for key, _, finish, _, _, t in s.transition_log
+            if key == "y" and finish == "processing"]
+    assert len(sent) == 2  # the scheduler's own log: sent, taken back, sent again
+    pag = await crux_dask.get_pag(c)
+    moments = pag.moments.merge(pag.states, on=["state_id", "run_id"])
+    y = moments[moments["key"] == "y"].iloc[0]
+    assert y["first_requested"] == pytest.approx(sent[0], abs=1e-3)
+    assert y["requested"] == pytest.approx(sent[1], abs=1e-3)
+    path = pag.wcp()
+    steps = path.to_frame()
+    step = steps[(steps["key"] == "y") & (steps["kind"] != "TRANSFER")].iloc[0]
+    # From its first sending (or its input's arrival, if later) to its last.
+    since = max(sent[0], step["stop"] - step["cost"])
+    assert step["rescheduled"] == pytest.approx(sent[1] - since, abs=1e-3)
+    assert step["rescheduled"] >= 0.25  # its first run waited 0.3 s before it said so
+    check_breakdown(path)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +286,17 @@ def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
         (0.2, 1.3, 0.3))
     assert math.isclose(fetch["wait"], 0.0, abs_tol=1e-12)
 
+
+def test_a_task_sent_again_was_rescheduled_from_its_first_sending_to_its_last():
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0.0, 1.0, 8, (), sent=0.0)
+    b.compute("y", A, 1, 3.0, 4.0, 8, ("x",), sent=2.5, first_requested=1.2)
+    step = b.pag().wcp().to_frame().iloc[-1]
+    # From x (1.0) to y's first sending (1.2), and from its last (2.5) to its start (3.0).
+    assert (step["scheduling"], step["rescheduled"], step["busy"]) == pytest.approx(
+        (0.7, 1.3, 1.0))
+    check_breakdown(b.pag().wcp())
 
 
 def test_data_of_an_earlier_computation_waited_for_the_client_before_the_scheduler():

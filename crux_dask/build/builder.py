@@ -187,7 +187,8 @@ class PAGBuilder:
                 sent: float | None = None, received: float | None = None,
                 runnable: float | None = None, released_by: str | None = None,
                 released_on: str | None = None, priority: float | None = None,
-                io: float | None = None, now: float = 0.0) -> int | None:
+                io: float | None = None, first_requested: float | None = None,
+                now: float = 0.0) -> int | None:
         """A task computed; the fields are those of :class:`~crux_dask.events.Compute`.
 
         ``kind`` is the event's ``mutation`` field.
@@ -195,7 +196,7 @@ class PAGBuilder:
         return self._compute(Compute(
             "compute", key, worker, thread, start, stop, nbytes, tuple(inputs), root, label,
             group, kind, location, origin, tuple(reads) if reads else None, sent, received,
-            runnable, released_by, released_on, priority, io), now)
+            runnable, released_by, released_on, priority, io, first_requested), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:
@@ -231,7 +232,8 @@ class PAGBuilder:
         if e.thread is not None:
             index(e.thread)
         moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable),
-                   rules.moment(e.priority), rules.moment(e.io), self.submitted(e.root))
+                   rules.moment(e.priority), rules.moment(e.io),
+                   rules.moment(e.first_requested), self.submitted(e.root))
         kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
         store, holdings = self.store, self.holdings
         memory = self.places.memory_of(e.worker)
@@ -416,7 +418,8 @@ class PAGBuilder:
         store.state_runnable.append(moments[2])
         store.state_priority.append(moments[3])
         store.state_io.append(moments[4])
-        store.state_submitted.append(moments[5])
+        store.state_first_requested.append(moments[5])
+        store.state_submitted.append(moments[6])
         store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)

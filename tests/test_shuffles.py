@@ -214,6 +214,7 @@ WORKLOADS = {
     "groupby": lambda: frame().groupby("name").x.mean(split_out=4, shuffle_method="p2p"),
     "hash join": lambda: frame().reset_index().merge(
         frame(2, "10s").reset_index(), on="timestamp", shuffle_method="p2p").size,
+    "set_index": lambda: frame().reset_index().set_index("id", shuffle_method="p2p").x.sum(),
     "array rechunk": lambda: da.random.random((3000, 3000), chunks=(300, 3000)).rechunk(
         (3000, 300), method="p2p").sum(),
 }

@@ -239,11 +239,9 @@ class PAGBuilder:
         memory = self.places.memory_of(e.worker)
         sources = []
         for name in e.inputs:
-            src = holdings.at(name, memory)
+            src = lookups.held(self, name, memory, event, now)
             if src is None:
-                src = lookups.missing(self, name, memory, event, now)
-                if src is None:
-                    return None
+                return None
             sources.append(src)
         if self.shuffles.keys and not self.shuffles.keys.isdisjoint(e.inputs):
             shards = self.shuffles.sources(

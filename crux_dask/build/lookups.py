@@ -18,12 +18,18 @@ from crux_dask.events import Compute
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
 
-__all__ = ["WAITS", "freed_by", "missing", "unheld"]
+__all__ = ["WAITS", "freed_by", "held", "missing", "unheld"]
 
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 AWAITED = ("memory@", "disk@")
 #: What :func:`freed_by` returns for an event that now waits.
 WAITS = -2
+
+
+def held(builder: PAGBuilder, key: str, location: int, event: Any, now: float) -> int | None:
+    """The copy of ``key`` held at ``location``, else what :func:`missing` gives for it."""
+    src = builder.holdings.at(key, location)
+    return missing(builder, key, location, event, now) if src is None else src
 
 
 def missing(builder: PAGBuilder, key: str, location: int, event: Any, now: float,

@@ -81,13 +81,10 @@ class Shuffles:
                 wanted += [(s, dest) for s, dest in self.shards[transfer].items()
                            if worker[dest] == worker[memory]]
         found = []
-        holdings = builder.holdings
         for name, dest in wanted:
-            src = holdings.at(name, dest)
+            src = lookups.held(builder, name, dest, event, now)
             if src is None:
-                src = lookups.missing(builder, name, dest, event, now)
-                if src is None:
-                    return None
+                return None
             found.append(src)
         if transfers:
             self.barriers[key] = transfers
@@ -129,11 +126,9 @@ def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
         raise ValueError(f"not a shard: {event!r:.120}")
     store, holdings, places = builder.store, builder.holdings, builder.places
     memory = places.memory_of(e.worker)
-    task = holdings.at(e.key, memory)
+    task = lookups.held(builder, e.key, memory, event, now)
     if task is None:
-        task = lookups.missing(builder, e.key, memory, event, now)
-        if task is None:
-            return None
+        return None
     sources = []
     for name in e.inputs:
         src = holdings.at(name, memory)

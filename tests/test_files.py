@@ -16,7 +16,6 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
 from distributed.utils_test import gen_cluster
 
 import crux_dask
@@ -200,21 +199,12 @@ async def test_patterns_and_annotations_decide_what_is_recorded(c, s, a, tmp_pat
     assert (pag.states["location"] == f"file@elsewhere:{tmp_path}/told.h5").sum() == 1
 
 
-# The tests below share one cluster of worker processes (in-process clusters go first).
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        crux_dask.attach(client)
-        yield client
-
-
 def check_breakdown(path) -> None:
     assert set(path.breakdown) == set(CATEGORIES)
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
 
 
-def test_a_csv_to_parquet_pipeline_and_its_second_reading(client, tmp_path):
+def test_a_csv_to_parquet_pipeline_and_its_second_reading(crux_client, tmp_path):
     (tmp_path / "in").mkdir()
     rng = np.random.default_rng(0)
     for i in range(4):
@@ -226,7 +216,7 @@ def test_a_csv_to_parquet_pipeline_and_its_second_reading(client, tmp_path):
     total = dd.read_parquet(str(tmp_path / "out.parquet"))["z"].sum().compute()
     assert total == sum(2 * (5_000 * (i + 1)) * (5_000 * (i + 1) - 1) // 2 for i in range(4))
 
-    pag = crux_dask.get_pag(client)
+    pag = crux_dask.get_pag(crux_client)
     files = file_states(pag, tmp_path)
     on_disk = {str(p): p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
     assert set(files["key"]) == set(on_disk)  # every file read or written, and nothing else
@@ -248,21 +238,21 @@ def test_a_csv_to_parquet_pipeline_and_its_second_reading(client, tmp_path):
     assert path.breakdown["io"] > 0
     check_breakdown(path)
 
-    dataset = crux_dask.export_parquet(client, tmp_path / "runs")
+    dataset = crux_dask.export_parquet(crux_client, tmp_path / "runs")
     offline = crux_dask.read_parquet(dataset)
     pd.testing.assert_frame_equal(offline.states, pag.states)
     pd.testing.assert_frame_equal(offline.moments, pag.moments)
     assert offline.wcp().breakdown == pytest.approx(path.breakdown)
 
 
-def test_plain_open_in_delayed_functions_and_the_seconds_spent_on_files(client, tmp_path):
+def test_plain_open_in_delayed_functions_and_the_seconds_spent_on_files(crux_client, tmp_path):
     written = dask.delayed(write_bytes)(str(tmp_path / "blob.bin"), 12_345,
                                         dask_key_name="write-blob")
     waited = dask.delayed(read_then_wait)(written, 0.4, dask_key_name="wait-blob")
     spun = dask.delayed(read_then_spin)(written, 0.4, dask_key_name="spin-blob")
     assert dask.compute(waited, spun) == (12_345, 12_345)
 
-    pag = crux_dask.get_pag(client)
+    pag = crux_dask.get_pag(crux_client)
     (blob,) = file_states(pag, tmp_path).itertuples()
     assert (blob.size, blob.origin, blob.label) == (12_345, "write-blob", "blob.bin")
     states, mutations = pag.states, pag.mutations
@@ -283,13 +273,13 @@ def write_and_remove(path: str) -> int:
     return 7
 
 
-def test_a_file_gone_before_its_task_is_done_is_counted_not_recorded(client, tmp_path):
-    before = sum(w["files_gone"] for w in crux_dask.get_stats(client)["workers"].values())
-    assert client.submit(write_and_remove, str(tmp_path / "scratch.txt")).result() == 7
-    crux_dask.flush(client)
-    stats = crux_dask.get_stats(client)["workers"].values()
+def test_a_file_gone_before_its_task_is_done_is_counted_not_recorded(crux_client, tmp_path):
+    before = sum(w["files_gone"] for w in crux_dask.get_stats(crux_client)["workers"].values())
+    assert crux_client.submit(write_and_remove, str(tmp_path / "scratch.txt")).result() == 7
+    crux_dask.flush(crux_client)
+    stats = crux_dask.get_stats(crux_client)["workers"].values()
     assert sum(w["files_gone"] for w in stats) == before + 1
-    assert file_states(crux_dask.get_pag(client), tmp_path).empty
+    assert file_states(crux_dask.get_pag(crux_client), tmp_path).empty
 
 
 def import_a_module(directory: str) -> str:
@@ -301,15 +291,15 @@ def import_a_module(directory: str) -> str:
     return crux_test_helper_module.NAME
 
 
-def test_files_the_worker_opens_itself_never_appear(client, tmp_path):
+def test_files_the_worker_opens_itself_never_appear(crux_client, tmp_path):
     (tmp_path / "crux_test_helper_module.py").write_text("NAME = 'helper'\n")
-    data = client.scatter(list(range(4)))
-    assert client.submit(import_a_module, str(tmp_path)).result() == "helper"
+    data = crux_client.scatter(list(range(4)))
+    assert crux_client.submit(import_a_module, str(tmp_path)).result() == "helper"
     # Spill what the workers hold, and load it back.
-    client.run(lambda dask_worker: dask_worker.data.evict())
-    assert client.submit(sum, data).result() == 6
+    crux_client.run(lambda dask_worker: dask_worker.data.evict())
+    assert crux_client.submit(sum, data).result() == 6
 
-    pag = crux_dask.get_pag(client)
+    pag = crux_dask.get_pag(crux_client)
     states = pag.states
     assert states["location"].str.startswith("disk@").any()  # spilled indeed
     opened = states.loc[states["location"].str.startswith("file@"), "key"]

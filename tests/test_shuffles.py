@@ -8,7 +8,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster, wait
+from distributed import Client, wait
 from distributed.utils_test import async_poll_for
 
 import crux_dask
@@ -195,15 +195,6 @@ def test_what_a_worker_reports_in_another_form_gives_no_shards():
         assert [e[0] for e in task_events(entry(shards))] == ["compute"]
 
 
-# The tests below share one cluster of worker processes.
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        crux_dask.attach(client)
-        yield client
-
-
 def frame(seed: int = 1, freq: str = "1s"):
     return dask.datasets.timeseries(start="2000-01-01", end="2000-01-09", freq=freq,
                                     partition_freq="1D", seed=seed)
@@ -238,19 +229,19 @@ def shard_metric(client: Client) -> float:
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_a_shuffle_s_shards_hold_the_bytes_distributed_counts_and_explain_its_path(client,
+def test_a_shuffle_s_shards_hold_the_bytes_distributed_counts_and_explain_its_path(crux_client,
                                                                                   name):
-    before = crux_dask.get_pag(client).states
-    before_metric = shard_metric(client) if len(before) else 0.0
+    before = crux_dask.get_pag(crux_client).states
+    before_metric = shard_metric(crux_client) if len(before) else 0.0
     dask.compute(WORKLOADS[name]())
-    pag = crux_dask.get_pag(client)
+    pag = crux_dask.get_pag(crux_client)
     states = pag.states[len(before):]
     shards = states[states["label"] == SHARDS_LABEL]
     kinds = pag.mutations.drop_duplicates("dst").set_index("dst")["kind"]
     split = shards[kinds[shards["state_id"]].to_numpy() == "SPLIT"]
     assert len(split) and split["key"].is_unique
     assert split["origin"].str.contains("transfer").all()
-    counted = shard_metric(client) - before_metric
+    counted = shard_metric(crux_client) - before_metric
     assert split["size"].sum() == pytest.approx(counted, rel=0.01)
     sent = shards[kinds[shards["state_id"]].to_numpy() == "TRANSFER"]
     assert len(sent)  # two workers: some shards crossed
@@ -260,7 +251,7 @@ def test_a_shuffle_s_shards_hold_the_bytes_distributed_counts_and_explain_its_pa
     assert len(barrier)
     assert sent["time"].max() <= barrier["time"].max() + 0.01
 
-    path = crux_dask.get_wcp(client, computation=-1)
+    path = crux_dask.get_wcp(crux_client, computation=-1)
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
     assert set(path.breakdown) == set(CATEGORIES)
     assert path.breakdown["wait"] <= 0.10 * path.length
@@ -274,7 +265,7 @@ def test_a_shuffle_s_shards_hold_the_bytes_distributed_counts_and_explain_its_pa
         assert before_barrier == SHARDS_LABEL or "transfer" in before_barrier
 
 
-def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(client):
+def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(crux_client):
     def slow(df):
         time.sleep(0.2)
         return df
@@ -282,20 +273,20 @@ def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(client):
     meta = frame(3)._meta
     result = frame(3).map_partitions(slow, meta=meta).shuffle("id", shuffle_method="p2p").x.sum()
     expected = frame(3).x.sum().compute()
-    future = client.compute(result)
+    future = crux_client.compute(result)
 
     async def mid_shuffle(dask_scheduler):  # some transfer tasks done, shards made
         await async_poll_for(lambda: any(
             ts.state == "memory" for ts in dask_scheduler.tasks.values()
             if ts.prefix.name == "shuffle-transfer"), timeout=60)
 
-    client.run_on_scheduler(mid_shuffle)
-    client.restart_workers([next(iter(client.scheduler_info()["workers"]))])
+    crux_client.run_on_scheduler(mid_shuffle)
+    crux_client.restart_workers([next(iter(crux_client.scheduler_info()["workers"]))])
     wait(future)
     assert future.result() == pytest.approx(expected)
 
-    pag = crux_dask.get_pag(client)
-    stats = crux_dask.get_stats(client)
+    pag = crux_dask.get_pag(crux_client)
+    stats = crux_dask.get_stats(crux_client)
     assert stats["events_pending"] == 0 and stats["last_error"] is None
     n = len(pag.states)
     mutations = pag.mutations
@@ -303,6 +294,6 @@ def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(client):
     assert (mutations["src"] < mutations["dst"]).all()  # a DAG, in order of creation
     states = pag.states
     assert (states[states["label"] == SHARDS_LABEL]["size"] >= 0).all()
-    path = crux_dask.get_wcp(client, computation=-1)
+    path = crux_dask.get_wcp(crux_client, computation=-1)
     assert path.length > 0
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)

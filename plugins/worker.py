@@ -2,15 +2,18 @@
 
 Recorded here: data fetched from other workers (with its source and the
 transfer's own start and stop), data scattered by the client and gathered back
-to it, spill to disk and load back, and data released.  The files a task
-opened (:mod:`crux_dask.plugins.files`) and a task's moments travel in the
-task's metadata instead, with its completion.  Hooks append one tuple
+to it, spill to disk and load back, data released, and the shards P2P shuffles
+send (:mod:`crux_dask.plugins.shuffles`).  The files a task opened
+(:mod:`crux_dask.plugins.files`), the shards a P2P transfer task made and a
+task's moments travel in the task's metadata instead, with its completion.
+Hooks append one tuple
 to a buffer; a periodic callback packs the buffer with msgpack and sends it to
 the scheduler's ``crux_events`` handler, one round trip per batch, one batch
 in flight at a time.
 
 The plugin is a guest: it replaces none of the worker's handlers (data a
-client gathered is read from the worker's own log of outgoing transfers), and
+client gathered is read from the worker's own log of outgoing transfers; the
+shuffle runs it watches are wrapped on the instance, and unwrapped), and
 its teardown never waits on a scheduler that is gone -- what it could not
 send stays in its buffer and is counted (``events_unsent``).
 """

@@ -176,7 +176,7 @@ class CriticalPath:
                  f"in {len(self)} steps"]
         for category, seconds in self.breakdown.items():
             share = seconds / self.length if self.length > 0 else 0.0
-            lines.append(f"  {category:<10} {seconds:9.3f} s  {share:6.1%}")
+            lines.append(f"  {category:<11} {seconds:9.3f} s  {share:6.1%}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -108,8 +108,12 @@ async def test_a_task_that_raised_reschedule_is_rescheduled_on_its_path(c, s, a,
 
 @pytest.fixture(scope="module")
 def one_thread():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+    # The scheduler sends every task at once (it queues none), so that each waits for
+    # the thread alone, however loaded the machine: with a queue, a task sent late is
+    # released by the task that freed its slot instead, and the thread chain breaks.
+    with dask.config.set({"distributed.scheduler.worker-saturation": float("inf")}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
         client.run_on_scheduler(add_task_stream)
         warm_up(client)

@@ -179,7 +179,7 @@ COLLECTIONS = {
         da.random.random((2000, 2000), chunks=(500, 500))),
     "array rechunk": lambda: da.random.random((3000, 3000), chunks=(300, 3000))
     .T.rechunk((3000, 300)).sum(),
-    "bag foldby": lambda: db.from_sequence(range(20_000), npartitions=16).foldby(
+    "bag foldby": lambda: db.from_sequence(range(200_000), npartitions=16).foldby(
         lambda x: x % 10, lambda a, x: a + x, 0, lambda a, b: a + b, 0),
     "delayed tree": tree,
 }

@@ -140,11 +140,19 @@ class Run:
 
 @dataclass
 class Schedule:
-    """What the replay decided for every task, and the transfers it made."""
+    """What the replay decided for every task, and the transfers it made.
+
+    ``ready``: its inputs all computed; ``sent``: sent to its worker (later
+    than ready for a root task queued on the scheduler); ``released_by``: the
+    task whose end freed the queue slot that sent it (``-1`` for none);
+    ``runnable``: at its worker with its inputs there.
+    """
 
     worker: np.ndarray
     thread: np.ndarray
     ready: np.ndarray
+    sent: np.ndarray
+    released_by: np.ndarray
     runnable: np.ndarray
     start: np.ndarray
     stop: np.ndarray
@@ -193,6 +201,8 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     w_of = [0] * n
     th_of = [0] * n
     t_ready = [0.0] * n
+    t_sent = [0.0] * n
+    released_by = [-1] * n
     t_run = [0.0] * n
     t_start = [0.0] * n
     t_stop = [0.0] * n
@@ -211,6 +221,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         processing[w] += 1
         occupancy[w] += expected[task]
         w_of[task] = w
+        t_sent[task] = t
         lo, hi = dep_ptr[task], dep_ptr[task + 1]
         if lo == hi:
             when = t + (gaps.slot if t > 0 else gaps.first)
@@ -273,7 +284,9 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
             if waiting[user] == 0:
                 place(user, t)
         while queue and processing[w] < slots:
-            assign(pop(queue), w, t)
+            queued = pop(queue)
+            released_by[queued] = task
+            assign(queued, w, t)
     if queue or any(waiting):
         raise ValueError("the replay could not run every task: the recorded inputs form "
                          "a cycle")
@@ -282,7 +295,8 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     if len(run.outputs):
         makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
     return Schedule(np.asarray(w_of), np.asarray(th_of), np.asarray(t_ready),
-                    np.asarray(t_run), np.asarray(t_start), stop, moved, workers, makespan)
+                    np.asarray(t_sent), np.asarray(released_by), np.asarray(t_run),
+                    np.asarray(t_start), stop, moved, workers, makespan)
 
 
 def _rootish(run: Run, total_threads: int) -> np.ndarray:

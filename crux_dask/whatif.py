@@ -120,14 +120,20 @@ def predicted_pag(run: Run, schedule: Schedule):
     labels = run.label_names
     for task in range(run.n_tasks):
         inputs = tuple(keys[run.deps[run.dep_ptr[task]:run.dep_ptr[task + 1]]])
+        releaser = int(schedule.released_by[task])
         events.append((schedule.stop[task], 2, (
             "compute", keys[task], names[schedule.worker[task]], int(schedule.thread[task]),
             origin + schedule.start[task], origin + schedule.stop[task], int(run.size[task]),
             inputs, 0, labels[task], None, None, None, None, None,
-            origin + schedule.ready[task], origin + schedule.runnable[task],
-            origin + schedule.runnable[task])))
+            origin + schedule.sent[task], origin + schedule.runnable[task],
+            origin + schedule.runnable[task],
+            keys[releaser] if releaser >= 0 else None,
+            names[schedule.worker[releaser]] if releaser >= 0 else None)))
     last = schedule.stop[run.outputs].max() if len(run.outputs) else 0.0
-    for task, delay in zip(run.outputs.tolist(), run.output_delay.tolist()):
+    # The client gathers once every output is computed; the output computed last is
+    # the one it receives last, so that the path ends through it.
+    by_stop = run.outputs[np.argsort(schedule.stop[run.outputs], kind="stable")]
+    for task, delay in zip(by_stop.tolist(), np.sort(run.output_delay).tolist()):
         there = last + delay
         events.append((there, 3, ("transfer", keys[task], f"memory@{names[schedule.worker[task]]}",
                                   "client", origin + min(last, there), origin + there,

@@ -16,6 +16,7 @@ from crux_dask import PAGBuilder
 from crux_dask.cli import main
 from crux_dask.provenance import write_dataset
 from crux_dask.wcp import CriticalPath
+from crux_dask.whatif import predicted_pag
 
 A = "tcp://127.0.0.1:1001"
 B = "tcp://127.0.0.1:1002"
@@ -109,6 +110,9 @@ def test_twice_the_workers_halves_independent_tasks():
     pag = independent_tasks()
     result = pag.what_if(workers=4)
     assert result.makespan / result.recorded == pytest.approx(0.5, rel=0.15)
+    # The predicted path: the naps that held the queue and the threads, one after another.
+    path = result.path
+    assert path.breakdown["compute"] >= 0.8 * path.length
     assert pag.what_if(threads=2).makespan == pytest.approx(result.makespan, rel=0.05)
 
 
@@ -162,6 +166,27 @@ def test_the_predicted_path_is_a_critical_path_of_the_predicted_run():
     assert path.length == pytest.approx(result.makespan, abs=1e-6)
     compute = path.to_frame().query("category == 'compute'")
     assert compute.groupby("label")["busy"].sum()["main"] == pytest.approx(0.5, rel=0.01)
+
+
+def test_a_predicted_run_ends_through_the_output_computed_last():
+    cluster = Cluster([A, B])
+    for i in range(8):
+        cluster.task(f"work-{i}", (A, B)[i % 2], 0.1 + 0.01 * i, label="work")
+    # The client gathers them all at the end, the first computed last.
+    end = max(stop for _, stop in cluster.done.values())
+    for i in range(8):
+        where, _ = cluster.done[f"work-{i}"]
+        cluster.builder.transfer(f"work-{i}", f"memory@{where}", "client", end + GAP,
+                                 end + GAP + 0.001 * (8 - i))
+    result = cluster.builder.pag().what_if(workers=1)
+    path = result.path
+    assert path.length == pytest.approx(result.makespan, abs=1e-6)
+    assert path.breakdown["wait"] == pytest.approx(0.0, abs=1e-6)
+    assert path.breakdown["compute"] >= 0.9 * path.length
+    # One thread, two queue slots (saturation 1.1): the six others each left the queue
+    # when a task before them ended, and the predicted graph says which.
+    pag = predicted_pag(result.run, result.schedule)
+    assert (pag.causes["kind"] == "SLOT").sum() == 6
 
 
 def test_suggestions_rank_the_prefix_on_the_path_first():
@@ -242,5 +267,8 @@ def test_a_real_run_on_twice_the_workers_takes_half_as_long():
     result = pag.what_if(workers=4)
     assert abs(result.replay_error) < 0.10
     assert result.makespan / result.recorded == pytest.approx(0.5, rel=0.15)
+    # The predicted path: the naps that held the queue and the threads, one after another.
+    path = result.path
+    assert path.breakdown["compute"] >= 0.8 * path.length
     labels = pd.Series(result.run.label_names).unique().tolist()
     assert labels == ["nap"]

@@ -7,7 +7,10 @@ measured makespan, with the unchanged replay's error against the recorded run.
 
 The makespan, recorded, predicted and measured alike, is the time from the
 graph's root (its arrival at the scheduler) to the run's end state (the
-result reaching the client), read from each run's PAG.  Each cluster runs
+result reaching the client), read from each run's PAG; the measured makespan
+is the median of three re-runs of the changed configuration, each on a fresh
+cluster (one run on this noisy machine may take a fifth longer than the
+next, as a run of the dataframe workload did).  Each cluster runs
 its workload once before Crux is attached, so that no measured task pays
 for importing modules on a fresh worker.  This machine has two cores, shared
 with other work: a change never asks for more than two threads in all, and
@@ -24,6 +27,7 @@ Usage: ``python benchmarks/whatif_validation.py``
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from crux_dask.sim_workflows import atoms
 
 PREDICTION_TARGET = 0.15
 REPLAY_TARGET = 0.10
+RERUNS = 3  # real runs of each changed configuration; their median is the measured makespan
 
 
 def _hashed(block: Any, seconds: float = 0.04) -> Any:
@@ -134,8 +139,9 @@ def main() -> None:
     for case in CASES:
         pag = record(case.workload, *case.recorded)
         predicted = pag.what_if(**case.change)
-        measured = record(case.workload, *case.changed, **case.changed_params)
-        measured_makespan = measured.what_if().recorded
+        measured_makespan = statistics.median(
+            record(case.workload, *case.changed, **case.changed_params).what_if().recorded
+            for _ in range(RERUNS))
         rows.append((case, predicted, measured_makespan))
         error = predicted.makespan / measured_makespan - 1
         print(f"{case.name:<26} {_change(case.change):<22} recorded {predicted.recorded:6.3f} s"

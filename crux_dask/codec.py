@@ -10,7 +10,8 @@ and columns for many:
   bytes of one array (dtypes in :data:`WIRE_DTYPES`); string columns index
   ``strings``; a column of moments that none of the batch's events recorded
   (NaN throughout) is sent empty.  A computation's ``priority``, which only
-  the scheduler records, is not sent (it reads as not recorded).  Events
+  the scheduler records, is not sent (it reads as not recorded); a queued
+  task, which only the scheduler knows, travels whole.  Events
   that are not plain computations, transfers or releases travel whole in
   ``others``.  The receiver reads the columns without
   creating an object per event, and looks each distinct string up once.
@@ -112,7 +113,7 @@ def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0
     seq : int
         The sender's sequence number of the batch.
     columns : bool, optional
-        Columns (version 2) or rows (version 1).  By default, columns from
+        Columns (version 3) or rows (version 1).  By default, columns from
         :data:`COLUMNS_FROM` events on: below that, putting events in columns
         and reading them back costs more than it saves.
     """
@@ -123,6 +124,13 @@ def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0
         return msgpack.packb({"v": 1, "source": source, "seq": seq,
                               "events": [list(e) for e in events]}, use_bin_type=True)
     encoded = EventColumns.from_events(events)
+    queued = np.flatnonzero(encoded.released_by >= 0).tolist()
+    if queued:  # the scheduler's knowledge, not among the wire's columns: whole
+        marked = list(events)
+        for i in queued:
+            marked[i] = ()
+        encoded = EventColumns.from_events(marked)
+        encoded.others.update((i, events[i]) for i in queued)
     if len(encoded.strings) >= 2**31:
         raise BatchError("too many distinct strings for one batch")
     return msgpack.packb({
@@ -216,6 +224,7 @@ def _columns(strings: Any, columns: Any, others: Any) -> EventColumns:
         if not len(arrays[name]):  # none recorded in the whole batch
             arrays[name] = np.full(n, np.nan)
     arrays["priority"] = np.full(n, np.nan)
+    arrays["released_by"], arrays["released_on"] = np.full((2, n), NONE, np.int64)
     for name, values in arrays.items():
         if name != "inputs" and len(values) != n:
             raise BatchError(f"column {name!r} has {len(values)} values for {n} events")

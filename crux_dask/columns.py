@@ -40,7 +40,8 @@ COLUMNS: dict[str, str] = {
     "kind": "i1", "key": "i8", "location": "i8", "source": "i8", "start": "f8",
     "stop": "f8", "nbytes": "i8", "thread": "i8", "root": "i8", "label": "i8",
     "group": "i8", "origin": "i8", "input_count": "i8", "inputs": "i8", "requested": "f8",
-    "received": "f8", "runnable": "f8", "priority": "f8",
+    "received": "f8", "runnable": "f8", "priority": "f8", "released_by": "i8",
+    "released_on": "i8",
 }
 
 
@@ -84,6 +85,9 @@ class EventColumns:
         it); NaN where not recorded.
     priority : ndarray of float64
         A computation's priority in Dask, as one number; NaN where not recorded.
+    released_by, released_on : ndarray
+        Of a task the scheduler queued, the task whose completion freed its
+        slot and that task's worker; ``-1`` for none.
     others : dict of int to tuple
         Events of any other form, by position.
     """
@@ -107,6 +111,8 @@ class EventColumns:
     received: np.ndarray
     runnable: np.ndarray
     priority: np.ndarray
+    released_by: np.ndarray
+    released_on: np.ndarray
     others: dict[int, Any] = field(default_factory=dict)
     _input_offset: np.ndarray | None = field(default=None, repr=False)
     #: Codes of the strings in one builder's tables, filled as windows look them up.
@@ -152,13 +158,15 @@ class EventColumns:
                             None if nbytes == NONE else nbytes, requested)
         offset = self.input_offset
         inputs = tuple(s[j] for j in self.inputs[offset[i]:offset[i + 1]].tolist())
-        thread, label, group, origin = (int(self.thread[i]), int(self.label[i]),
-                                        int(self.group[i]), int(self.origin[i]))
+        thread = int(self.thread[i])
+        label, group, origin, released_by, released_on = (
+            None if j == NONE else s[j] for j in (
+                int(self.label[i]), int(self.group[i]), int(self.origin[i]),
+                int(self.released_by[i]), int(self.released_on[i])))
         return Compute("compute", key, location, None if thread == NONE else thread, start,
-                       stop, nbytes, inputs, int(self.root[i]),
-                       None if label == NONE else s[label], None if group == NONE else s[group],
-                       None, None, None if origin == NONE else s[origin], None, requested,
-                       _moment(self.received[i]), _moment(self.runnable[i]), None, None,
+                       stop, nbytes, inputs, int(self.root[i]), label, group, None, None,
+                       origin, None, requested, _moment(self.received[i]),
+                       _moment(self.runnable[i]), released_by, released_on,
                        _moment(self.priority[i]))
 
     def events(self) -> list[Event]:
@@ -244,7 +252,8 @@ class EventColumns:
 
 
 _STRING_COLUMNS = frozenset(
-    ["key", "location", "source", "label", "group", "origin", "inputs"])
+    ["key", "location", "source", "label", "group", "origin", "inputs", "released_by",
+     "released_on"])
 
 
 def _moment(value: float) -> float | None:

@@ -2,7 +2,7 @@
 
 Every field of every event goes into one flat array first, so that a column
 is one gather; every string of the batch goes into one table.  An event that
-is not plain (a root, an annotated or queued task, a task that used files,
+is not plain (a root, an annotated task, a task that used files or was sent twice,
 a file's access, anything malformed) is marked ``OTHER`` and kept whole, for
 the builder's one-by-one path to judge.
 """
@@ -113,8 +113,6 @@ def encode(events: list) -> dict[str, Any]:
     start[di] = stop[di] = numbers(di, _D["time"], float)
     for name in ("mutation", "location", "reads"):  # annotations: one by one
         bad[ci] |= _is_not_none(field(ci, _C[name]))
-    bad[ci] |= _is_not_none(trailing(ci, _C["released_by"]))  # a queued task: one by one
-    bad[ci] |= _is_not_none(trailing(ci, _C["released_on"]))
     bad[ci] |= _is_not_none(trailing(ci, _C["io"]))  # a task that used files: one by one
     bad[ci] |= _is_not_none(trailing(ci, _C["first_requested"]))  # and one sent again
     c_inputs = field(ci, _C["inputs"])
@@ -132,9 +130,11 @@ def encode(events: list) -> dict[str, Any]:
     places = [field(ci, _C["worker"]), field(ti, _T["destination"]),
               field(di, _D["location"]), field(ti, _T["source"])]
     maybe = {name: field(ci, _C[name]) for name in ("label", "group", "origin")}
+    # A queued task: the task whose end freed its slot, and that task's worker.
+    maybe.update((name, trailing(ci, _C[name])) for name in ("released_by", "released_on"))
     strings, key_codes, name_codes = _string_table(keys + inputs, [*places, *maybe.values()])
     key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
-    c_worker, t_target, d_location, t_source, label, group, origin = name_codes
+    c_worker, t_target, d_location, t_source, *optional_names = name_codes
     key = np.full(n, NONE, np.int64)
     key[plain] = key_
     location = np.full(n, NONE, np.int64)
@@ -145,7 +145,7 @@ def encode(events: list) -> dict[str, Any]:
     bad[ti] |= t_source < 0
     input_event = np.repeat(ci, input_count[ci])
     bad[input_event[inputs < 0]] = True
-    columns = {"label": label, "group": group, "origin": origin}
+    columns = dict(zip(maybe, optional_names))
     for name, values in columns.items():
         column = np.full(n, NONE, np.int64)
         column[ci] = values

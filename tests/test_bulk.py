@@ -220,12 +220,16 @@ def test_a_routine_run_goes_almost_entirely_through_windows():
     clock = 1.0
     previous: list[tuple[str, str]] = []
     held: dict[str, set[str]] = {}
+    last_on: dict[str, str] = {}
     for layer in range(40):
         current = []
         for i in range(100):
             worker = WORKERS[i % 3]
             inputs = []
-            for key, where in rng.sample(previous, min(2, len(previous))):
+            # Every fourth task has no inputs: a root task the scheduler queued, sent
+            # when the task before it on its worker freed the slot.
+            queued = i % 4 == 0 and worker in last_on
+            for key, where in rng.sample(previous, 0 if queued else min(2, len(previous))):
                 if worker not in held[key]:
                     clock += 0.001
                     events.append(("transfer", key, f"memory@{where}", f"memory@{worker}",
@@ -235,8 +239,11 @@ def test_a_routine_run_goes_almost_entirely_through_windows():
             clock += 0.001
             key = f"('layer{layer}', {i})"
             events.append(("compute", key, worker, 1, clock - 0.001, clock, 64, tuple(inputs),
-                           0, f"layer{layer}", None, None, None, None, None))
+                           0, f"layer{layer}", None, None, None, None, None,
+                           clock - 0.002, clock - 0.0015, clock - 0.0015,
+                           *((last_on[worker], worker) if queued else ())))
             current.append((key, worker))
+            last_on[worker] = key
             held[key] = {worker}
         for key, _ in previous:
             for worker in sorted(held.pop(key)):
@@ -253,6 +260,7 @@ def test_a_routine_run_goes_almost_entirely_through_windows():
     for event in events:
         scalar.apply(event)
     assert state_of(windowed) == state_of(scalar)
+    assert (windowed.pag().causes["kind"] == "SLOT").sum() > 900
     # Only the root, the tail shorter than a window, and window breaks go one by one.
     assert len(scalar_calls) < 0.05 * len(events), len(scalar_calls)
     assert windowed.store.n_states > 6000

@@ -90,6 +90,13 @@ class _Window:
         def location_codes(indices: np.ndarray) -> np.ndarray:
             return arrays.codes(columns, "location", builder, indices, location)
 
+        # A queued task: the task whose end freed its slot, held in that task's worker's memory.
+        c_released_by, c_released_on = columns.released_by[at_c], columns.released_on[at_c]
+        queued = np.flatnonzero(c_released_by >= 0)
+        bad[ci] |= (c_released_by >= 0) != (c_released_on >= 0)  # one without the other
+        releaser_memory = arrays.codes(columns, "memory", builder, c_released_on[queued],
+                                       builder.places.memory.get)
+        bad[ci[queued]] |= releaser_memory < 0
         t_source_code = location_codes(columns.source[at_t])
         t_target_code = location_codes(columns.location[at_t])
         d_location_code = location_codes(columns.location[at_d])
@@ -128,13 +135,16 @@ class _Window:
         input_event = np.repeat(ci, n_inputs)
         lookup_slot = np.concatenate([
             input_key * n_locations + np.repeat(c_memory, n_inputs) + 1,
-            ev_key[ti] * n_locations + t_source_code + 1, ev_slot[ti], ev_slot[di]])
+            ev_key[ti] * n_locations + t_source_code + 1, ev_slot[ti], ev_slot[di],
+            c_released_by[queued] * n_locations + releaser_memory + 1])
         looked_up, self.slot_order = arrays.as_of(
-            ev_slot, written, lookup_slot, np.concatenate([input_event, ti, ti, di]))
+            ev_slot, written, lookup_slot, np.concatenate([input_event, ti, ti, di,
+                                                           ci[queued]]))
         self._look_up_held(looked_up, lookup_slot, n_locations)
-        input_src, t_src, t_before, d_src = np.split(
-            looked_up, np.cumsum([len(input_event), len(ti), len(ti)]))
+        input_src, t_src, t_before, d_src, releaser = np.split(
+            looked_up, np.cumsum([len(input_event), len(ti), len(ti), len(di)]))
         bad[input_event[input_src < 0]] = True
+        bad[ci[queued[releaser < 0]]] = True  # a releaser released or not reported yet
         shuffles = builder.shuffles
         if shuffles.keys:  # a shuffle's barrier, its outputs, its release: the scalar path
             bad[input_event[np.fromiter(
@@ -152,7 +162,7 @@ class _Window:
         if no_inputs.any():
             c_root_state[no_inputs] = [r if r in roots else run_root
                                        for r in columns.root[at_c[no_inputs]].tolist()]
-            bad[ci] |= c_root_state < 0
+            bad[ci[no_inputs]] |= c_root_state[no_inputs] < 0
         if builder.waiting.events:  # a state that events wait for: the scalar path releases them
             creates = np.flatnonzero(kinds != DELETE)
             slots = zip(map(names.__getitem__, ev_key[creates].tolist()),
@@ -169,6 +179,8 @@ class _Window:
         self.n_inputs = n_inputs[keep_c]
         self.input_src = input_src[:int(self.n_inputs.sum())]
         self.c_key = c_key[:len(self.ci)]
+        kept = ci[queued] < f
+        self.queued, self.releaser = queued[kept], releaser[kept]
         at_c, at_t, at_d = at_c[keep_c], at_t[keep_t], at_d[keep_d]
         t_nbytes = columns.nbytes[at_t]
         self.c = {"start": columns.start[at_c], "stop": columns.stop[at_c],
@@ -318,12 +330,16 @@ class _Window:
         for name in (*NOT_RECORDED, "submitted"):
             moments[name][ci] = c[name]
         moments["requested"][ti] = t["requested"]
-        cause_src, cause_dst = builder.threads.causes(
+        def time_of(states: np.ndarray) -> np.ndarray:
+            return arrays.values_of(time, states, base, store, "state_time")
+
+        thread_src, thread_dst = builder.threads.causes(
             c["memory"], c["thread"], base + ci,
             rules.runnables(c["requested"], c["runnable"], src_ready[c_first + last_input]),
-            c["start"], lambda states: arrays.values_of(time, states, base, store, "state_time"))
-        cause = np.full(f, -1, np.int64)
-        cause[cause_dst - base] = store.n_causes + np.arange(len(cause_dst))
+            c["start"], time_of)
+        cause_src, cause_dst, cause_kind, cause = _causes(
+            thread_src, thread_dst, self.releaser, base + ci[self.queued], time_of, f, base,
+            store.n_causes)
 
         # Append: labels, keys, states, mutations, causes.
         n_labels = len(store.labels)
@@ -340,7 +356,7 @@ class _Window:
             arrays.extend(getattr(store, f"state_{name}"), values)
         arrays.extend(store.cause_src, cause_src)
         arrays.extend(store.cause_dst, cause_dst)
-        arrays.extend(store.cause_kind, np.full(len(cause_dst), CauseKind.THREAD))
+        arrays.extend(store.cause_kind, cause_kind)
         for name, values in (("src", m_src), ("dst", np.repeat(ids, n_mutations)),
                              ("kind", m_kind), ("busy", m_busy)):
             arrays.extend(getattr(store, f"mutation_{name}"), values)
@@ -409,3 +425,29 @@ class _Window:
                 holdings.drop(name, location)
             else:
                 holdings.add(name, location, sid)  # no event waits for it: see __init__
+
+
+def _causes(thread_src: np.ndarray, thread_dst: np.ndarray, slot_src: np.ndarray,
+            slot_dst: np.ndarray, time_of, f: int, base: int, n_causes: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The window's causes as the scalar path adds them, and each state's own cause.
+
+    Per state, its thread cause, then its slot cause; the state's cause (the
+    ``cause`` column, ``-1`` for none) is the one whose source finished last,
+    the first on ties.
+    """
+    src = np.concatenate([thread_src, slot_src])
+    dst = np.concatenate([thread_dst, slot_dst])
+    kind = np.repeat(np.array([CauseKind.THREAD, CauseKind.SLOT], np.int8),
+                     [len(thread_src), len(slot_src)])
+    cause = np.full(f, -1, np.int64)
+    if len(slot_src):
+        order = np.lexsort((kind, dst))
+        src, dst, kind = src[order], dst[order], kind[order]
+    if not len(dst):
+        return src, dst, kind, cause
+    starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+    lengths = np.diff(np.r_[starts, len(dst)])
+    latest = rules.last_arriving_segments(time_of(src).astype(float), starts, lengths)
+    cause[dst[starts] - base] = n_causes + starts + latest
+    return src, dst, kind, cause

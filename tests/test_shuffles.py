@@ -162,6 +162,37 @@ def test_windows_build_a_shuffle_exactly_as_one_by_one(monkeypatch, late_sends):
     assert vars(windowed.shuffles) == vars(one.shuffles) == vars(Shuffles())
 
 
+@pytest.mark.parametrize("at", ["after the shards", "between the sends"])
+def test_a_shuffle_goes_on_in_the_next_segment_when_the_graph_is_spooled(at):
+    # The scheduler spools its graph to disk when it grows too large and goes on in a
+    # new segment: a shuffle split before it is merged after it, as in one segment.
+    events = [*shuffle_events(), ("delete", BARRIER, MEM_B, 6.0), ("delete", BARRIER, MEM_A, 6.1)]
+    cut = next(i for i, e in enumerate(events) if e[0] == "transfer" and "->" in e[1])
+    if at == "after the shards":
+        cut = next(i for i, e in enumerate(events) if e[2:3] == (B,) and e[1] == BARRIER)
+    whole = PAGBuilder()
+    whole.apply_many(events)
+    first = PAGBuilder()
+    first.apply_many(events[:cut])
+    second = PAGBuilder()
+    second.continue_from(first, 3.5)
+    second.apply_many(events[cut:])
+    assert second.n_parked == 0
+
+    def made(builder: PAGBuilder, key: str) -> set[tuple[str, str]]:
+        store = builder.store
+        sid = next(s for s in range(store.n_states)
+                   if store.keys.values[store.state_key[s]] == key)
+        return sources_of(store, sid)
+
+    for key in (BARRIER, "out-0", "out-1"):
+        assert made(second, key) == made(whole, key)
+    # The shards are released with the barrier's last copy, in the new segment too.
+    live = {second.store.keys.values[second.store.state_key[s]] for s in second.live_states()}
+    assert not any("->" in key for key in live)
+    assert not (second.shuffles.shards or second.shuffles.barriers or second.shuffles.keys)
+
+
 def test_a_malformed_shard_event_is_refused_and_changes_nothing():
     b = PAGBuilder()
     b.apply_many(shuffle_events()[:4])

@@ -123,7 +123,7 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
 
     Used when a graph is spooled to disk and recording goes on in a new
     segment: later events about data made before still find a state.
-    Waiting events move over too.  Returns how many states carried over.
+    Waiting events and the shuffles under way move over too.  Returns how many states carried over.
     """
     old, store, places = previous.store, builder.store, builder.places
     root = builder.root(time, "continued")
@@ -138,6 +138,8 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
                           _APPEND, 0.0)
     builder.waiting.adopt(previous.waiting, lambda slot: (
         slot[0], places.code(old.locations.values[slot[1]])))
+    builder.shuffles.adopt(previous.shuffles,
+                           lambda location: places.code(old.locations.values[location]))
     return len(carried)
 
 

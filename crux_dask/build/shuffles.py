@@ -18,6 +18,7 @@ builder's windows leave them out, see :attr:`Shuffles.keys`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.build import lookups
@@ -54,6 +55,18 @@ class Shuffles:
         self.carriers: dict[str, list[str]] = {}
         self.barriers: dict[str, list[str]] = {}
         self.keys: set[str] = set()
+
+    def adopt(self, other: Shuffles, location_of: Callable[[int], int]) -> None:
+        """Take over ``other``'s shuffles, its location codes mapped by ``location_of``.
+
+        A graph spooled to disk goes on in a new segment: a shuffle whose
+        shards were split before is merged after.
+        """
+        self.shards.update((task, {name: location_of(where) for name, where in made.items()})
+                           for task, made in other.shards.items())
+        self.carriers.update((key, list(tasks)) for key, tasks in other.carriers.items())
+        self.barriers.update((key, list(tasks)) for key, tasks in other.barriers.items())
+        self.keys |= other.keys
 
     def sources(self, builder: PAGBuilder, inputs: tuple[str, ...], key: str, label: str,
                 memory: int, event: Any, now: float) -> list[int] | None:

@@ -79,8 +79,11 @@ class TransitionLog:
         """
         import pandas as pd
         times = np.frombuffer(self.times, dtype="float64").copy() if self.times else np.empty(0)
+        def text(values: list) -> pd.Series:  # object, even empty: pandas would make it float
+            return pd.Series(values, dtype=object)
+
         return pd.DataFrame({
-            "key": [key_string(k) for k in self.keys],
-            "start": self.starts, "finish": self.finishes, "time": times,
-            "location": self.workers, "stimulus_id": self.stimuli,
+            "key": text([key_string(k) for k in self.keys]),
+            "start": text(self.starts), "finish": text(self.finishes), "time": times,
+            "location": text(self.workers), "stimulus_id": text(self.stimuli),
         })

@@ -232,6 +232,18 @@ def test_a_failed_export_leaves_the_dataset_as_it_was(tmp_path):
     assert TABLES[0] == "states"
 
 
+def test_a_run_without_scheduler_transitions_exports(tmp_path):
+    # Only events from outside Dask (the HTTP API, a replay): no transition was recorded.
+    from crux_dask import PAGBuilder
+    from crux_dask.plugins.transitions import TransitionLog
+
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("y", "w", 1, 0.0, 1.0, 8, ())
+    write_dataset(tmp_path / "runs", b.pag(), transitions=TransitionLog(10).frame())
+    assert read_dataset(tmp_path / "runs").states["key"].tolist() == ["root", "y"]
+
+
 def test_a_run_exported_before_priorities_reads_and_replays_in_start_order(tmp_path):
     """Schema version 3 had no priority among the moments: it reads as not recorded."""
     path = make_dataset(tmp_path, None)

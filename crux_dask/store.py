@@ -9,9 +9,10 @@ after its source, state ids are a topological order of the graph.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,9 +82,14 @@ class StringTable:
         return pd.Series(strings, dtype="str")
 
     def nbytes(self) -> int:
-        """Approximate memory held by the table, in bytes."""
-        total = sys.getsizeof(self.values) + sys.getsizeof(self.codes)
-        return total + sum(sys.getsizeof(v) for v in self.values)
+        """Approximate memory held by the table, in bytes (the strings' from a sample of
+        about a thousand: it is asked for on a scheduler's event loop)."""
+        values = self.values
+        total = sys.getsizeof(values) + sys.getsizeof(self.codes)
+        if not values:
+            return total
+        sample = values[::max(1, len(values) // 1024)]
+        return total + len(values) * sum(map(sys.getsizeof, sample)) // len(sample)
 
 
 class PAGStore:
@@ -181,18 +187,77 @@ class PAGStore:
         self.key_origin.append(label_code if origin is None else self.labels.code(origin))
         return len(values) - 1
 
-    def copy(self) -> PAGStore:
-        """An independent copy (columns and string tables)."""
+    def lengths(self) -> dict[str, int]:
+        """The length of every column and string table: a point :meth:`copy` can copy up to."""
+        return {name: len(value.values if isinstance(value, StringTable) else value)
+                for name, value in vars(self).items() if isinstance(value, (array, StringTable))}
+
+    def copy(self, upto: dict[str, int] | None = None) -> PAGStore:
+        """An independent copy (columns and string tables), up to ``upto`` (:meth:`lengths`).
+
+        The store only grows at its end, and each column is copied in one
+        call, so that a copy up to lengths taken between two events can be
+        made in another thread while events go on being applied: it is the
+        graph as it was then.
+        """
+        upto = self.lengths() if upto is None else upto
         other = PAGStore(self.run_id)
         for name, value in vars(self).items():
             if isinstance(value, array):
-                setattr(other, name, array(value.typecode, value))
+                setattr(other, name, value[:upto[name]])
             elif isinstance(value, StringTable):
                 table = StringTable()
-                table.values = list(value.values)
-                table.codes = dict(value.codes)
+                n = upto[name]
+                for start in range(0, n, _CHUNK):  # a long list a piece at a time
+                    table.values += value.values[start:min(start + _CHUNK, n)]
+                table.codes = {v: c for v, c in list(value.codes.items()) if c < n}
                 setattr(other, name, table)
         return other
+
+    def to_pieces(self, upto: dict[str, int] | None = None) -> list[bytes]:
+        """The store up to ``upto`` (:meth:`lengths`, default: all of it) as pickled pieces
+        of at most a few megabytes each (:meth:`from_pieces`).
+
+        Each piece is read and made in a few short calls, with the interpreter
+        free to switch threads between two: as with :meth:`copy`, a thread
+        can cut the store while events go on being applied, and a server can
+        send it a piece per message.
+        """
+        upto = self.lengths() if upto is None else upto
+        header: dict[str, Any] = {"run_id": self.run_id, "columns": {}, "tables": {}}
+        pieces: list[bytes] = []
+        for name, value in vars(self).items():
+            if isinstance(value, array):
+                header["columns"][name] = value.typecode
+                for start in range(0, upto[name], _CHUNK):
+                    part = value[start:min(start + _CHUNK, upto[name])]
+                    pieces.append(pickle.dumps((name, part.tobytes())))
+            elif isinstance(value, StringTable):
+                n = upto[name]
+                header["tables"][name] = {} if name == "keys" else {
+                    v: c for v, c in list(value.codes.items()) if c < n}
+                for start in range(0, n, _CHUNK):
+                    part = value.values[start:min(start + _CHUNK, n)]
+                    pieces.append(pickle.dumps((name, _join(part))))
+        return [pickle.dumps(header), *pieces]
+
+    @classmethod
+    def from_pieces(cls, pieces: list[bytes]) -> PAGStore:
+        """The store :meth:`to_pieces` cut."""
+        header = pickle.loads(pieces[0])
+        store = cls(header["run_id"])
+        columns = {name: array(code) for name, code in header["columns"].items()}
+        tables = {name: StringTable() for name in header["tables"]}
+        for piece in pieces[1:]:
+            name, part = pickle.loads(piece)
+            if name in columns:
+                columns[name].frombytes(part)
+            else:
+                tables[name].values += _split(part)
+        for name, table in tables.items():
+            table.codes = header["tables"][name]
+        vars(store).update(columns, **tables)
+        return store
 
     def add_key(self, key: str, label: int, origin: int) -> int:
         """Like :meth:`key_code`, with the label and origin already encoded."""
@@ -306,6 +371,20 @@ class PAGStore:
 
 
 _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
+
+#: Rows or strings per piece of :meth:`PAGStore.to_pieces`.
+_CHUNK = 250_000
+
+
+def _join(keys: list[str]) -> str | list[str]:
+    """Keys as one string, NUL between them; the list itself if a key holds a NUL."""
+    joined = "\0".join(keys)
+    return joined if joined.count("\0") == len(keys) - 1 else keys
+
+
+def _split(chunk: str | list[str]) -> list[str]:
+    """The keys :func:`_join` made one (of a chunk of at least one key)."""
+    return chunk if isinstance(chunk, list) else chunk.split("\0")
 
 
 def _nullable(thread: np.ndarray) -> pd.arrays.IntegerArray:

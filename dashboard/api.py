@@ -315,7 +315,7 @@ class WCPHandler(CruxHandler):
         except ValueError as error:
             self.fail(400, str(error), "span" if "span" in str(error) else "computation")
             return
-        store, _ = self.plugin.snapshot()
+        store, _ = await self.plugin.snapshot()
         path = await IOLoop.current().run_in_executor(None, lambda: scope_path(
             store, scope, key_groups(store, group_of), method))
         self.finish(json.dumps(_path(method, path), default=_plain))
@@ -348,7 +348,7 @@ def _path(method: str, path: CriticalPath) -> dict:
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
         scopes = self.plugin.scopes()
-        store, _ = self.plugin.snapshot()
+        store, _ = await self.plugin.snapshot()
         table = await IOLoop.current().run_in_executor(None, lambda: scopes_frame(
             store, scopes, key_groups(store, group_of)))
         self.finish(json.dumps({"computations": _records(table)}, default=_plain))

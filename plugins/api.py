@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from crux_dask.plugins.scopes import group_of
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import write_dataset
 from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
+from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -64,7 +66,7 @@ def get_pag(client: Client) -> Any:
 
 async def _get_pag(client: Client) -> PAG:
     await _flush(client)
-    store, end = await client.run_on_scheduler(_snapshot_on_scheduler)
+    (end,), (store,) = await _fetch_staged(client, "pag")
     return PAG([store], [end])
 
 
@@ -159,8 +161,7 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    stores, end, transitions, stats, scopes = await client.run_on_scheduler(
-        _export_on_scheduler)
+    (end, transitions, stats, scopes), stores = await _fetch_staged(client, "export")
     info = await client.scheduler.identity()
     workers = info.get("workers", {})
     metadata = {
@@ -198,20 +199,17 @@ async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).ingest.drain()
 
 
-def _snapshot_on_scheduler(dask_scheduler: Any) -> tuple:
-    return _plugin(dask_scheduler).snapshot()
-
-
-def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
-                      method: str) -> CriticalPath:
-    builder = _plugin(dask_scheduler).builder
-    return critical_path(builder.store, start, end, method, default_end=builder.end)
+async def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
+                            method: str) -> CriticalPath:
+    store, last = await _plugin(dask_scheduler).snapshot()
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: critical_path(store, start, end, method, default_end=last))
 
 
 async def _computations_on_scheduler(dask_scheduler: Any) -> Any:
     plugin = _plugin(dask_scheduler)
     scopes = plugin.scopes()
-    store, _ = plugin.snapshot()
+    store, _ = await plugin.snapshot()
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, lambda: scopes_frame(
         store, scopes, key_groups(store, group_of)))
@@ -221,19 +219,58 @@ async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation:
                                   span: str | None) -> CriticalPath:
     plugin = _plugin(dask_scheduler)
     scope = select(plugin.scopes(), computation, span)
-    store, _ = plugin.snapshot()
+    store, _ = await plugin.snapshot()
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, lambda: scope_path(
         store, scope, key_groups(store, group_of), method))
 
 
-async def _export_on_scheduler(dask_scheduler: Any) -> tuple:
+async def _fetch_staged(client: Client, what: str) -> tuple[tuple, list[PAGStore]]:
+    """What :func:`_stage_on_scheduler` staged, a piece per message; its head and stores."""
+    token, n = await client.run_on_scheduler(_stage_on_scheduler, what=what)
+    pieces = [await client.run_on_scheduler(_staged_piece, token=token, index=i)
+              for i in range(n)]
+    head, counts = pickle.loads(pieces[0])
+    stores, start = [], 1
+    for count in counts:
+        stores.append(PAGStore.from_pieces(pieces[start:start + count]))
+        start += count
+    return head, stores
+
+
+async def _stage_on_scheduler(dask_scheduler: Any, what: str) -> tuple[str, int]:
+    """Stage the graph (``pag``) or what an export needs (``export``) for a client.
+
+    Everything is copied and cut into pieces of a few megabytes in a thread;
+    the client then fetches one piece per message, so that the event loop
+    never serializes a large graph at once.  Returns the token and the number
+    of pieces.
+    """
     plugin = _plugin(dask_scheduler)
     loop = asyncio.get_running_loop()
-    spooled = await loop.run_in_executor(None, plugin.spooled_stores)
-    store, end = plugin.snapshot()
-    return ([*spooled, store], end, plugin.transitions_frame(), plugin.stats(),
-            plugin.scopes())
+    spooled = await loop.run_in_executor(None, plugin.spooled_stores) if what == "export" \
+        else []
+    live = plugin.builder.store
+    upto, end = live.lengths(), plugin.builder.end  # the graph as it is now
+    head: tuple = (end,)
+    kept = None
+    if what == "export":
+        kept = plugin.transitions.kept()
+        head = (end, plugin.stats(), plugin.scopes())
+
+    def cut() -> list[bytes]:
+        parts = [*(store.to_pieces() for store in spooled), live.to_pieces(upto)]
+        full = head if what != "export" else (
+            head[0], plugin.transitions.frame(kept), *head[1:])
+        return [pickle.dumps((full, [len(p) for p in parts])),
+                *(piece for part in parts for piece in part)]
+
+    pieces = await loop.run_in_executor(None, cut)
+    return plugin.stage(pieces), len(pieces)
+
+
+def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
+    return _plugin(dask_scheduler).staged_piece(token, index)
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

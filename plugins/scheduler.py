@@ -8,8 +8,11 @@ of analysis never sits inside a scheduler hook or a dashboard request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +28,6 @@ from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
 
 if TYPE_CHECKING:
-    import pandas as pd
     from distributed import Scheduler
 
     from crux_dask.pag import PAG
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["CruxSchedulerPlugin"]
+
+#: Graphs staged for clients and not fetched yet, at most.
+STAGED_MAX = 4
 
 
 class CruxSchedulerPlugin(SchedulerPlugin):
@@ -119,6 +124,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
+        # Graphs cut into pieces for clients to fetch: token -> pieces.
+        self.staged: OrderedDict[str, list[bytes]] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
         self.attached_at = time.time()
@@ -260,13 +267,41 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
         return computations(self.scheduler) + spans(self.scheduler)
 
-    def snapshot(self) -> tuple[PAGStore, int]:
-        """A copy of the graph applied so far and its end state."""
-        return self.builder.store.copy(), self.builder.end
+    async def snapshot(self) -> tuple[PAGStore, int]:
+        """A copy of the graph applied so far and its end state.
 
-    def transitions_frame(self) -> pd.DataFrame:
-        """The scheduler transitions recorded (the newest ``max-transitions``)."""
-        return self.transitions.frame()
+        The point it copies up to is taken on the event loop; the copy is made
+        in a thread, a column at a time, while events go on being applied.
+        """
+        store = self.builder.store
+        upto, end = store.lengths(), self.builder.end
+        copy = await asyncio.get_running_loop().run_in_executor(None, store.copy, upto)
+        return copy, end
+
+    def stage(self, pieces: list[bytes]) -> str:
+        """Keep ``pieces`` for a client to fetch one at a time; their token.
+
+        The oldest of more than :data:`STAGED_MAX` stagings is dropped (a
+        client that went away before it fetched everything).
+        """
+        token = uuid.uuid4().hex
+        self.staged[token] = pieces
+        while len(self.staged) > STAGED_MAX:
+            self.staged.popitem(last=False)
+        return token
+
+    def staged_piece(self, token: str, index: int) -> bytes:
+        """Piece ``index`` of a staging; the staging goes with its last piece.
+
+        Raises
+        ------
+        KeyError
+            If the staging is unknown or was dropped.
+        """
+        pieces = self.staged[token]
+        if index == len(pieces) - 1:
+            del self.staged[token]
+        return pieces[index]
 
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""

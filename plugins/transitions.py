@@ -62,14 +62,26 @@ class TransitionLog:
         self.stimuli.append(stimulus_id)
 
     def _drop_oldest_half(self) -> None:
+        # New lists, not the old ones cut: a thread may be reading those (see :meth:`kept`).
         half = max(1, self.capacity // 2)
         self.dropped += half
-        for column in (self.keys, self.starts, self.finishes, self.times, self.workers,
-                       self.stimuli):
-            del column[:half]
+        self.keys, self.starts, self.finishes, self.times, self.workers, self.stimuli = (
+            column[half:] for column in (self.keys, self.starts, self.finishes, self.times,
+                                         self.workers, self.stimuli))
 
-    def frame(self) -> pd.DataFrame:
-        """The transitions kept, oldest first.
+    def kept(self) -> tuple[tuple, int]:
+        """The columns as they are now, and how many rows: what :meth:`frame` reads.
+
+        The columns only grow at their end until the oldest half is dropped,
+        which makes new ones: a thread can make the frame of what was kept
+        when this was called, while transitions go on being recorded.
+        """
+        return (self.keys, self.starts, self.finishes, self.times, self.workers,
+                self.stimuli), len(self.keys)
+
+    def frame(self, kept: tuple[tuple, int] | None = None) -> pd.DataFrame:
+        """The transitions kept (by default now, else when :meth:`kept` was called),
+        oldest first.
 
         Returns
         -------
@@ -78,12 +90,13 @@ class TransitionLog:
             worker, if any) and ``stimulus_id``.
         """
         import pandas as pd
-        times = np.frombuffer(self.times, dtype="float64").copy() if self.times else np.empty(0)
+        (keys, starts, finishes, times, workers, stimuli), n = kept or self.kept()
+        times = np.frombuffer(times[:n], dtype="float64") if n else np.empty(0)
         def text(values: list) -> pd.Series:  # object, even empty: pandas would make it float
             return pd.Series(values, dtype=object)
 
         return pd.DataFrame({
-            "key": text([key_string(k) for k in self.keys]),
-            "start": text(self.starts), "finish": text(self.finishes), "time": times,
-            "location": text(self.workers), "stimulus_id": text(self.stimuli),
+            "key": text([key_string(k) for k in keys[:n]]),
+            "start": text(starts[:n]), "finish": text(finishes[:n]), "time": times,
+            "location": text(workers[:n]), "stimulus_id": text(stimuli[:n]),
         })

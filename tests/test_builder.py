@@ -334,3 +334,36 @@ def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monke
     assert last_part > states.loc[b.end, "time"]  # the clocks say the part came last
     assert states.loc[b.end, "key"] == "total-59"
     assert b.pag().wcp().states["key"].iloc[-1] == "total-59"
+
+
+def _columns_of(store) -> dict:
+    """Every column's bytes and every table's strings: what makes two stores equal."""
+    from array import array
+
+    from crux_dask.store import StringTable
+    return {name: value.tobytes() if isinstance(value, array) else
+            (value.values, value.codes) if isinstance(value, StringTable) else value
+            for name, value in vars(store).items()}
+
+
+def test_a_copy_or_the_pieces_up_to_some_lengths_are_the_graph_as_it_was_then(monkeypatch):
+    # A scheduler takes the lengths on its event loop, then copies in a thread while
+    # events go on: what came after is not in the copy.
+    from crux_dask import store as store_module
+    from crux_dask.store import PAGStore
+
+    monkeypatch.setattr(store_module, "_CHUNK", 64)  # pieces of 64 rows: many of them
+
+    b = PAGBuilder()
+    b.root(0.0)
+    for i in range(600):
+        b.compute(f"t-{i}", "tcp://w:1", 1, i, i + 0.5, 8, (f"t-{i - 1}",) if i else ())
+    b.compute("odd\0key", "tcp://w:1", 1, 700.0, 701.0, 8, ())
+    b.compute("", "tcp://w:2", 1, 700.0, 701.0, 8, ())
+    then = _columns_of(b.store.copy())
+    upto = b.store.lengths()
+    for i in range(600, 700):
+        b.compute(f"t-{i}", "tcp://w:3", 1, i, i + 0.5, 8, (f"t-{i - 1}",))
+    assert _columns_of(b.store.copy(upto)) == then
+    assert _columns_of(PAGStore.from_pieces(b.store.to_pieces(upto))) == then
+    assert _columns_of(PAGStore.from_pieces(b.store.to_pieces())) == _columns_of(b.store)

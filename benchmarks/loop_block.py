@@ -1,0 +1,143 @@
+"""How long Crux holds the scheduler's event loop at a stretch, on a graph of a million states.
+
+A scheduler with Crux preloaded runs in its own process (``dask scheduler``,
+no workers).  A watcher on its event loop wakes every millisecond and keeps
+the longest delay past that.  Each phase is measured apart:
+
+``ingest``
+    a synthetic layered workflow's events (``core_scale.workflow_events``),
+    encoded in batches of 5,000 as workers send them, sent to Crux's handler
+    and applied;
+``get_pag``, ``get_wcp``, ``export``
+    the whole graph to the client, its critical path, and ``export_parquet``,
+    three times each (the worst is kept);
+``dashboard``
+    the Crux tab's pages fetched over HTTP, each building its components.
+
+Target: no stretch above 10 ms because of Crux, and never distributed's
+"event loop was unresponsive" warning.
+
+Usage: ``python benchmarks/loop_block.py [--tasks N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from distributed import Client
+
+import crux_dask
+from crux_dask.plugins.protocol import EVENTS_HANDLER
+
+sys.path.insert(0, str(Path(__file__).parent))
+from core_scale import encode
+
+TARGET = 0.010
+REPEATS = 3  # of the phases after the ingest: the worst is reported
+PAGES = ["/individual-crux-timeline", "/individual-crux-breakdown", "/individual-crux-steps",
+         "/individual-crux-overview", "/individual-crux-prefixes"]
+
+
+async def start_watch(dask_scheduler) -> None:
+    """A task on the scheduler's loop that notes its longest delay past a 1 ms sleep."""
+    state = dask_scheduler._crux_loop_watch = {"longest": 0.0, "stop": False}
+
+    async def watch() -> None:
+        last = time.perf_counter()
+        while not state["stop"]:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            state["longest"] = max(state["longest"], now - last - 0.001)
+            last = now
+
+    state["task"] = asyncio.ensure_future(watch())
+
+
+def longest_since_reset(dask_scheduler, reset: bool = True) -> float:
+    """The longest delay since the last reset (and reset it)."""
+    state = dask_scheduler._crux_loop_watch
+    longest = state["longest"]
+    if reset:
+        state["longest"] = 0.0
+    return longest
+
+
+def states(dask_scheduler) -> int:
+    return dask_scheduler.plugins["crux"].builder.store.n_states
+
+
+def export(client: Client) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        crux_dask.export_parquet(client, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=400_000)
+    args = parser.parse_args()
+    batches, n_events, _ = encode(args.tasks)
+    with tempfile.TemporaryDirectory() as directory, \
+            open(Path(directory) / "scheduler.log", "w+") as log:
+        scheduler_file = Path(directory) / "scheduler.json"
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file",
+             str(scheduler_file), "--preload", "crux_dask.plugins"], stderr=log)
+        try:
+            while not scheduler_file.exists():
+                time.sleep(0.1)
+            with Client(scheduler_file=str(scheduler_file)) as client:
+                run(client, batches, n_events)
+        finally:
+            scheduler.terminate()
+            scheduler.wait()
+            log.seek(0)
+            warnings = [line for line in log if "unresponsive" in line]
+            print(f"'event loop unresponsive' warnings in the scheduler's log: {len(warnings)}")
+            for line in warnings:
+                print("   ", line.strip())
+
+
+def run(client: Client, batches: list[bytes], n_events: int) -> None:
+    client.run_on_scheduler(start_watch)
+    client.run_on_scheduler(longest_since_reset)
+    results = {}
+
+    started = time.perf_counter()
+    for batch in batches:
+        client.sync(getattr(client.scheduler, EVENTS_HANDLER), batch=batch, source="benchmark")
+    crux_dask.flush(client)
+    results["ingest"] = client.run_on_scheduler(longest_since_reset)
+    n_states = client.run_on_scheduler(states)
+    print(f"ingest: {n_events:,} events, {n_states:,} states in "
+          f"{time.perf_counter() - started:.1f} s")
+
+    for phase, call in [("get_pag", lambda: crux_dask.get_pag(client)),
+                        ("get_wcp", lambda: crux_dask.get_wcp(client)),
+                        ("export", lambda: export(client))] * REPEATS:
+        call()
+        seconds = client.run_on_scheduler(longest_since_reset)
+        results[phase] = max(results.get(phase, 0.0), seconds)
+        print(f"  {phase}: {seconds * 1e3:.1f} ms", flush=True)
+    address = client.dashboard_link.rsplit("/", 1)[0]
+    for page in PAGES:
+        with urllib.request.urlopen(address + page, timeout=300) as response:
+            response.read()
+    results["dashboard"] = client.run_on_scheduler(longest_since_reset)
+
+    print(f"\nlongest stretch the scheduler's event loop was held, per phase "
+          f"({n_states:,} states; target <= {TARGET * 1e3:.0f} ms):")
+    for phase, seconds in results.items():
+        mark = "" if seconds <= TARGET else "   NOT met"
+        print(f"  {phase:<10} {seconds * 1e3:8.1f} ms{mark}")
+
+
+if __name__ == "__main__":
+    main()

@@ -116,8 +116,10 @@ def run(client: Client, batches: list[bytes], n_events: int) -> None:
     crux_dask.flush(client)
     results["ingest"] = client.run_on_scheduler(longest_since_reset)
     n_states = client.run_on_scheduler(states)
+    stats = crux_dask.get_stats(client)
     print(f"ingest: {n_events:,} events, {n_states:,} states in "
-          f"{time.perf_counter() - started:.1f} s")
+          f"{time.perf_counter() - started:.1f} s; Crux's longest slice of applying "
+          f"{stats['longest_slice_seconds'] * 1e3:.1f} ms")
 
     for phase, call in [("get_pag", lambda: crux_dask.get_pag(client)),
                         ("get_wcp", lambda: crux_dask.get_wcp(client)),

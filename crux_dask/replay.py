@@ -142,15 +142,14 @@ class Run:
 class Schedule:
     """What the replay decided for every task, and the transfers it made.
 
-    ``ready``: its inputs all computed; ``sent``: sent to its worker (later
-    than ready for a root task queued on the scheduler); ``released_by``: the
+    ``sent``: when it was sent to its worker (later than its inputs were
+    computed for a root task queued on the scheduler); ``released_by``: the
     task whose end freed the queue slot that sent it (``-1`` for none);
     ``runnable``: at its worker with its inputs there.
     """
 
     worker: np.ndarray
     thread: np.ndarray
-    ready: np.ndarray
     sent: np.ndarray
     released_by: np.ndarray
     runnable: np.ndarray
@@ -200,7 +199,6 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     home = [0] * n
     w_of = [0] * n
     th_of = [0] * n
-    t_ready = [0.0] * n
     t_sent = [0.0] * n
     released_by = [-1] * n
     t_run = [0.0] * n
@@ -241,7 +239,6 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
         push(events, (when, 1, task, w))
 
     def place(task: int, t: float) -> None:
-        t_ready[task] = t
         if rootish[task]:
             w = min(range(workers), key=lambda w: (processing[w], occupancy[w], w))
             if processing[w] < slots:
@@ -294,7 +291,7 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     makespan = float(stop.max())
     if len(run.outputs):
         makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
-    return Schedule(np.asarray(w_of), np.asarray(th_of), np.asarray(t_ready),
+    return Schedule(np.asarray(w_of), np.asarray(th_of),
                     np.asarray(t_sent), np.asarray(released_by), np.asarray(t_run),
                     np.asarray(t_start), stop, moved, workers, makespan)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pickle
 import sys
 from array import array
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -195,51 +196,58 @@ class PAGStore:
     def copy(self, upto: dict[str, int] | None = None) -> PAGStore:
         """An independent copy (columns and string tables), up to ``upto`` (:meth:`lengths`).
 
-        The store only grows at its end, and each column is copied in one
-        call, so that a copy up to lengths taken between two events can be
-        made in another thread while events go on being applied: it is the
-        graph as it was then.
+        The store only grows at its end, and it is read a piece at a time
+        (:meth:`_parts`), so that a copy up to lengths taken between two
+        events can be made in another thread while events go on being
+        applied: it is the graph as it was then.
         """
-        upto = self.lengths() if upto is None else upto
         other = PAGStore(self.run_id)
-        for name, value in vars(self).items():
-            if isinstance(value, array):
-                setattr(other, name, value[:upto[name]])
-            elif isinstance(value, StringTable):
-                table = StringTable()
-                n = upto[name]
-                for start in range(0, n, _CHUNK):  # a long list a piece at a time
-                    table.values += value.values[start:min(start + _CHUNK, n)]
-                table.codes = {v: c for v, c in list(value.codes.items()) if c < n}
-                setattr(other, name, table)
+        columns, tables = self._headings(upto)
+        for name, typecode in columns.items():
+            setattr(other, name, array(typecode))
+        for name, codes in tables.items():
+            table = StringTable()
+            table.codes = codes
+            setattr(other, name, table)
+        for name, part in self._parts(upto):
+            column = getattr(other, name)
+            if isinstance(column, array):
+                column += part
+            else:
+                column.values += part
         return other
 
     def to_pieces(self, upto: dict[str, int] | None = None) -> list[bytes]:
         """The store up to ``upto`` (:meth:`lengths`, default: all of it) as pickled pieces
         of at most a few megabytes each (:meth:`from_pieces`).
 
-        Each piece is read and made in a few short calls, with the interpreter
-        free to switch threads between two: as with :meth:`copy`, a thread
-        can cut the store while events go on being applied, and a server can
-        send it a piece per message.
+        Read as :meth:`copy` reads it: a thread can cut the store while events
+        go on being applied, and a server can send it a piece per message.
         """
+        columns, tables = self._headings(upto)
+        header = {"run_id": self.run_id, "columns": columns, "tables": tables}
+        return [pickle.dumps(header), *(
+            pickle.dumps((name, part.tobytes() if isinstance(part, array) else _join(part)))
+            for name, part in self._parts(upto))]
+
+    def _headings(self, upto: dict[str, int] | None) -> tuple[dict, dict]:
+        """Each column's typecode, and each string table's codes up to ``upto``."""
         upto = self.lengths() if upto is None else upto
-        header: dict[str, Any] = {"run_id": self.run_id, "columns": {}, "tables": {}}
-        pieces: list[bytes] = []
+        columns = {name: value.typecode for name, value in vars(self).items()
+                   if isinstance(value, array)}
+        tables = {name: {v: c for v, c in list(value.codes.items()) if c < upto[name]}
+                  for name, value in vars(self).items() if isinstance(value, StringTable)}
+        return columns, tables
+
+    def _parts(self, upto: dict[str, int] | None) -> Iterator[tuple[str, array | list[str]]]:
+        """``(name, rows)``: every column and string table up to ``upto``, in slices of
+        :data:`_CHUNK` rows, each taken in one short call."""
+        upto = self.lengths() if upto is None else upto
         for name, value in vars(self).items():
-            if isinstance(value, array):
-                header["columns"][name] = value.typecode
+            if isinstance(value, (array, StringTable)):
+                rows = value if isinstance(value, array) else value.values
                 for start in range(0, upto[name], _CHUNK):
-                    part = value[start:min(start + _CHUNK, upto[name])]
-                    pieces.append(pickle.dumps((name, part.tobytes())))
-            elif isinstance(value, StringTable):
-                n = upto[name]
-                header["tables"][name] = {} if name == "keys" else {
-                    v: c for v, c in list(value.codes.items()) if c < n}
-                for start in range(0, n, _CHUNK):
-                    part = value.values[start:min(start + _CHUNK, n)]
-                    pieces.append(pickle.dumps((name, _join(part))))
-        return [pickle.dumps(header), *pieces]
+                    yield name, rows[start:min(start + _CHUNK, upto[name])]
 
     @classmethod
     def from_pieces(cls, pieces: list[bytes]) -> PAGStore:

@@ -22,10 +22,8 @@ COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
 
 
 
-def _suggestions(live: PAGStore, upto: dict[str, int], end: int) -> pd.DataFrame:
-    """The ranked changes of the whole run (see :func:`crux_dask.whatif.suggest`), on a
-    copy of the live graph up to ``upto`` (:meth:`~crux_dask.store.PAGStore.lengths`)."""
-    store = live.copy(upto)
+def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
+    """The ranked changes of the whole run (see :func:`crux_dask.whatif.suggest`)."""
     return suggest(store, end, critical_path(store, default_end=end))
 
 
@@ -101,12 +99,13 @@ class SuggestionTable(Component):
         if graph != self._seen:  # still changing: wait for a quiet moment
             self._seen = graph
             return
-        self._running = (graph, _in_thread(_suggestions, view.store, view.store.lengths(),
-                                           view.end))
+        # The live graph, copied in the thread up to where it is now.
+        live, upto, end = view.store, view.store.lengths(), view.end
+        self._running = (graph, _in_thread(lambda: _suggestions(live.copy(upto), end)))
         self.note.text = "replaying the run&hellip;"
 
     def render(self, view: GraphView) -> None:
-        self._show(lambda: _suggestions(view.store, view.store.lengths(), view.end))
+        self._show(lambda: _suggestions(view.store, view.end))
 
     def _show(self, suggestions: Callable[[], pd.DataFrame]) -> None:
         try:

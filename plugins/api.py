@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,7 @@ def get_pag(client: Client) -> Any:
 
 async def _get_pag(client: Client) -> PAG:
     await _flush(client)
-    (end,), (store,) = await _fetch_staged(client, "pag")
+    (end,), (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
     return PAG([store], [end])
 
 
@@ -161,7 +162,8 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    (end, transitions, stats, scopes), stores = await _fetch_staged(client, "export")
+    (end, transitions, stats, scopes), stores = await _fetch_staged(
+        client, _stage_export_on_scheduler)
     info = await client.scheduler.identity()
     workers = info.get("workers", {})
     metadata = {
@@ -225,9 +227,9 @@ async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation:
         store, scope, key_groups(store, group_of), method))
 
 
-async def _fetch_staged(client: Client, what: str) -> tuple[tuple, list[PAGStore]]:
-    """What :func:`_stage_on_scheduler` staged, a piece per message; its head and stores."""
-    token, n = await client.run_on_scheduler(_stage_on_scheduler, what=what)
+async def _fetch_staged(client: Client, stage: Any) -> tuple[tuple, list[PAGStore]]:
+    """What ``stage`` staged on the scheduler, a piece per message: its head and stores."""
+    token, n = await client.run_on_scheduler(stage)
     pieces = [await client.run_on_scheduler(_staged_piece, token=token, index=i)
               for i in range(n)]
     head, counts = pickle.loads(pieces[0])
@@ -238,34 +240,39 @@ async def _fetch_staged(client: Client, what: str) -> tuple[tuple, list[PAGStore
     return head, stores
 
 
-async def _stage_on_scheduler(dask_scheduler: Any, what: str) -> tuple[str, int]:
-    """Stage the graph (``pag``) or what an export needs (``export``) for a client.
-
-    Everything is copied and cut into pieces of a few megabytes in a thread;
-    the client then fetches one piece per message, so that the event loop
-    never serializes a large graph at once.  Returns the token and the number
-    of pieces.
-    """
+async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
-    loop = asyncio.get_running_loop()
-    spooled = await loop.run_in_executor(None, plugin.spooled_stores) if what == "export" \
-        else []
+    end = plugin.builder.end
+    return await _stage(plugin, [], lambda: (end,))
+
+
+async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
+    plugin = _plugin(dask_scheduler)
+    spooled = await asyncio.get_running_loop().run_in_executor(None, plugin.spooled_stores)
+    end, kept, stats, scopes = (plugin.builder.end, plugin.transitions.kept(), plugin.stats(),
+                                plugin.scopes())
+    return await _stage(plugin, spooled, lambda: (
+        end, plugin.transitions.frame(kept), stats, scopes))
+
+
+async def _stage(plugin: CruxSchedulerPlugin, spooled: list[PAGStore],
+                 head: Callable[[], tuple]) -> tuple[str, int]:
+    """Stage ``head()``, the ``spooled`` stores and the live graph as it is now for a client.
+
+    Everything is cut into pieces of a few megabytes in a thread (``head``
+    too is called there); the client then fetches one piece per message, so
+    that the event loop never serializes a large graph at once.  Returns the
+    token and the number of pieces.
+    """
     live = plugin.builder.store
-    upto, end = live.lengths(), plugin.builder.end  # the graph as it is now
-    head: tuple = (end,)
-    kept = None
-    if what == "export":
-        kept = plugin.transitions.kept()
-        head = (end, plugin.stats(), plugin.scopes())
+    upto = live.lengths()
 
     def cut() -> list[bytes]:
         parts = [*(store.to_pieces() for store in spooled), live.to_pieces(upto)]
-        full = head if what != "export" else (
-            head[0], plugin.transitions.frame(kept), *head[1:])
-        return [pickle.dumps((full, [len(p) for p in parts])),
+        return [pickle.dumps((head(), [len(p) for p in parts])),
                 *(piece for part in parts for piece in part)]
 
-    pieces = await loop.run_in_executor(None, cut)
+    pieces = await asyncio.get_running_loop().run_in_executor(None, cut)
     return plugin.stage(pieces), len(pieces)
 
 

@@ -218,6 +218,20 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def suggest_pieces(pieces: list[bytes], end: int) -> pd.DataFrame:
+    """:func:`suggest` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut,
+    on its observed path to ``end``.
+
+    What a process of its own runs for a server whose event loop must not
+    wait for it: a replay allocates millions of small objects, and a thread
+    would hold the interpreter for every garbage collection they cause.
+    """
+    from crux_dask.wcp import critical_path
+
+    store = PAGStore.from_pieces(pieces)
+    return suggest(store, end, critical_path(store, default_end=end))
+
+
 def _top_labels(path: CriticalPath, top: int = TOP_LABELS) -> str:
     """The labels with the most busy seconds on a path, with their seconds."""
     steps = path.to_frame()

@@ -27,9 +27,12 @@ class Breakdown(Component):
         self.root.add_tools(HoverTool(renderers=[bars], tooltips=[
             ("", "@category"), ("seconds", "@seconds{0.000}"), ("share", "@share{0.0%}")]))
 
-    def render(self, view: GraphView) -> None:
+    def compute(self, view: GraphView) -> dict[str, list]:
         path = view.wcp()
         seconds = [path.breakdown.get(c, 0.0) for c in CATEGORIES]
         total = path.length or 1.0
-        self.source.data = {"category": list(CATEGORIES), "seconds": seconds,
-                            "share": [s / total for s in seconds]}
+        return {"category": list(CATEGORIES), "seconds": seconds,
+                "share": [s / total for s in seconds]}
+
+    def show(self, computed: dict[str, list]) -> None:
+        self.source.data = computed

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from distributed.dashboard.components import DashboardComponent
 from distributed.utils import log_errors
 
@@ -16,6 +19,8 @@ from crux_dask.plugins.scopes import group_of
 from crux_dask.scopes import KeyGroups, Scope, scope_path
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
@@ -49,13 +54,16 @@ class GraphView:
     changes when either does.
 
     The selected critical path is computed once per view and shared by the
-    components that read it.
+    components that read it.  ``live``: the store is being recorded (it goes
+    on growing, see :meth:`frozen`).
     """
 
     store: PAGStore
     end: int
     selection: PathSelection | None = None
+    live: bool = False
     _path: CriticalPath | None = None
+    _origin: PAGStore | None = None
 
     @property
     def version(self) -> tuple:
@@ -63,6 +71,33 @@ class GraphView:
         return (self.store.run_id, self.store.n_states, self.store.n_mutations, self.end,
                 chosen.start, chosen.end, chosen.method,
                 None if chosen.scope is None else chosen.scope.id)
+
+    def frozen(self) -> Callable[[], GraphView]:
+        """Take, now, what a thread needs to see this view as it is now; the
+        function that makes that view (call it in the thread).
+
+        A live store only grows at its end: its lengths are read now, and the
+        copy up to them is made by the function returned.  Any other store
+        does not change and is shared.
+        """
+        if not self.live:
+            return lambda: self
+        upto, store = self.store.lengths(), self.store
+
+        def make() -> GraphView:
+            return GraphView(store.copy(upto), self.end, self.selection, _origin=store)
+
+        return make
+
+    def key_groups(self) -> np.ndarray:
+        """The task group of every key of the store, by key code.
+
+        Found once per key: those of a copy are those of the live store it
+        was copied from.
+        """
+        if self._origin is None:
+            return cached_key_groups(self.store)
+        return cached_key_groups(self._origin)[:len(self.store.keys)]
 
     def wcp(self) -> CriticalPath:
         """The selected critical path (the observed one to the end state by default).
@@ -75,7 +110,7 @@ class GraphView:
         if self._path is None:
             chosen = self.selection or PathSelection()
             if chosen.scope is not None:
-                self._path = scope_path(self.store, chosen.scope, cached_key_groups(self.store),
+                self._path = scope_path(self.store, chosen.scope, self.key_groups(),
                                         chosen.method)
             else:
                 self._path = critical_path(self.store, chosen.start, chosen.end,
@@ -98,7 +133,7 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
 
     def view() -> GraphView:
         builder = plugin.builder
-        current = GraphView(builder.store, builder.end)
+        current = GraphView(builder.store, builder.end, live=True)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -113,7 +148,7 @@ def selected_source(data: Source, selection: PathSelection) -> Source:
 
     def view() -> GraphView:
         base = data()
-        current = GraphView(base.store, base.end, PathSelection(**vars(selection)))
+        current = GraphView(base.store, base.end, PathSelection(**vars(selection)), base.live)
         if latest and latest[0].version == current.version:
             return latest[0]
         latest[:] = [current]
@@ -199,9 +234,13 @@ class Component(DashboardComponent):
     """Base of the Crux dashboard components: distributed's component contract.
 
     A component owns a ``root`` (its Bokeh model) and a ``source`` (its main
-    :class:`~bokeh.models.ColumnDataSource`); :meth:`update` re-renders only
-    when the graph or the path selected changed since the last one, so an
-    idle page costs nothing, and logs what a render raises.
+    :class:`~bokeh.models.ColumnDataSource`).  What it shows is made in two
+    steps: :meth:`compute` reads a view and returns the new column data (in
+    any thread: it touches no Bokeh model), :meth:`show` sets it (on the
+    event loop).  :meth:`update` does both at once; :class:`OffLoop` computes
+    in a thread.  Either re-renders only when the graph or the path selected
+    changed since the last time, so an idle page costs nothing, and logs what
+    a render raises.
 
     Parameters
     ----------
@@ -216,7 +255,7 @@ class Component(DashboardComponent):
 
     @log_errors
     def update(self) -> None:
-        """Render the current view if it changed since the last update."""
+        """Render the current view, here and now, if it changed since the last update."""
         view = self.data()
         if view.version == self._version:
             return
@@ -225,4 +264,93 @@ class Component(DashboardComponent):
 
     def render(self, view: GraphView) -> None:
         """Build the complete new column data from ``view`` and set it at once."""
+        self.show(self.compute(view))
+
+    def compute(self, view: GraphView) -> Any:
+        """What :meth:`show` sets, read from ``view``; touches no Bokeh model."""
         raise NotImplementedError
+
+    def show(self, computed: Any) -> None:
+        """Set what :meth:`compute` returned on the component's models."""
+        raise NotImplementedError
+
+
+def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"
+              ) -> Future:
+    """``function(*args)`` in a thread of its own, which ends with it.
+
+    Not a pool: a thread left waiting for work would outlive the scheduler's
+    dashboard (and be reported as leaked by distributed's tests).
+    """
+    result: Future = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(function(*args))
+        except BaseException as error:  # handed to whoever reads the result
+            result.set_exception(error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return result
+
+
+class OffLoop(DashboardComponent):
+    """Keeps ``components`` up to date without computing on the event loop.
+
+    Each :meth:`update` (periodic, on the event loop) shows what the thread
+    finished computing, then, if the view changed since and nothing is being
+    computed, sends the thread the view as it is now (:meth:`GraphView.frozen`)
+    for every component to compute what it shows.  The event loop only reads
+    the graph's lengths and sets column data.
+
+    Parameters
+    ----------
+    data : Source
+        Where the components read the graph (all the same one).
+    components : list of Component
+    """
+
+    def __init__(self, data: Source, components: list[Component]) -> None:
+        super().__init__()
+        self.data, self.components = data, components
+        self._running: tuple[list[Component], Future] | None = None
+
+    @log_errors
+    def update(self) -> None:
+        """Show what was computed; start computing the view as it is now if it changed."""
+        if self._running is not None:
+            computing, done = self._running
+            if not done.done():
+                return
+            self._running = None
+            version, results = done.result()
+            for component, result in zip(computing, results):
+                if result is not _FAILED:
+                    component.show(result)
+                component._version = version
+        view = self.data()
+        stale = [c for c in self.components if c._version != view.version]
+        if stale:
+            self._running = (stale, in_thread(_compute, view.version, view.frozen(), stale))
+
+    def busy(self) -> bool:
+        """Whether the thread is still computing what the components will show."""
+        return self._running is not None and not self._running[1].done()
+
+
+_FAILED = object()
+
+
+def _compute(version: tuple, view: Callable[[], GraphView],
+             components: list[Component]) -> tuple[tuple, list]:
+    """What each component shows of ``view()``; ``_FAILED`` (and a log) where it raised."""
+    seen = view()
+    results = []
+    for component in components:
+        try:
+            results.append(component.compute(seen))
+        except Exception:
+            logger.exception("Crux: %s could not compute what it shows",
+                             type(component).__name__)
+            results.append(_FAILED)
+    return version, results

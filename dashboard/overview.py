@@ -29,7 +29,7 @@ from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
-from crux_dask.dashboard.data import Component, GraphView, Source, cached_key_groups
+from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
@@ -99,19 +99,26 @@ class PAGOverview(Component):
         self._first: dict[int, float] = {}
         self._edge_count: dict[tuple[int, int], int] = defaultdict(int)
 
-    def render(self, view: GraphView) -> None:
+    def compute(self, view: GraphView) -> tuple[PAGStore, dict, dict, dict]:
+        """Fold in what is new in ``view``; the store, nodes, edges and path edges to show."""
         store = view.store
         if store.run_id != self._run_id or store.n_states < self._states_seen:
             self._run_id = store.run_id
             self._reset()
-        self._fold_in(store)
-        self._store = store
-        self._publish(view.wcp())
+        self._fold_in(store, view.key_groups())
+        return (store, *self._drawn(store, view.wcp()))
+
+    def show(self, computed: tuple[PAGStore, dict, dict, dict]) -> None:
+        store, nodes, edges, path_edges = computed
+        self._store = store  # what a click on a group reads
+        self.source.data = nodes
+        self.edges.data = edges
+        self.path_edges.data = path_edges
 
     # -- aggregation ----------------------------------------------------------------
-    def _fold_in(self, store: PAGStore) -> None:
-        """Add the keys, states and mutations that are new since the last update."""
-        names = cached_key_groups(store)
+    def _fold_in(self, store: PAGStore, names: np.ndarray) -> None:
+        """Add the keys (``names``: the group of each), states and mutations that are
+        new since the last update."""
         if len(names) > len(self._key_group):
             fresh = [self._code.setdefault(name, len(self._code))
                      for name in names[len(self._key_group):].tolist()]
@@ -138,10 +145,11 @@ class PAGOverview(Component):
             src = self._groups(store, store.column("mutation_src", ids))
             dst = self._groups(store, store.column("mutation_dst", ids))
             between = src != dst
-            pairs, counts = np.unique(np.stack([src[between], dst[between]], axis=1), axis=0,
-                                      return_counts=True)
-            for (a, b), c in zip(pairs.tolist(), counts.tolist()):
-                self._edge_count[(a, b)] += c
+            # One number per pair of groups: sorting numbers is much faster than rows.
+            width = len(self._names)
+            pairs, counts = np.unique(src[between] * width + dst[between], return_counts=True)
+            for pair, c in zip(pairs.tolist(), counts.tolist()):
+                self._edge_count[divmod(pair, width)] += c
             self._mutations_seen = hi
 
     def _groups(self, store: PAGStore, states: np.ndarray) -> np.ndarray:
@@ -178,8 +186,8 @@ class PAGOverview(Component):
         return layer
 
     # -- drawing --------------------------------------------------------------------
-    def _publish(self, path: CriticalPath) -> None:
-        store = self._store
+    def _drawn(self, store: PAGStore, path: CriticalPath) -> tuple[dict, dict, dict]:
+        """Columns of the nodes, the edges and the path's edges."""
         steps = path.steps
         on_path: dict[int, dict[str, float]] = {}
         sequence: list[int] = []
@@ -210,7 +218,7 @@ class PAGOverview(Component):
             for i, g in enumerate(members):
                 x[g], y[g] = depth, i - (len(members) - 1) / 2
         dominant = {g: max(seconds, key=seconds.__getitem__) for g, seconds in on_path.items()}
-        self.source.data = {
+        nodes = {
             "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
             "label": [self._names[g] for g in shown],
             "name": [key_label(self._names[g])[:20] for g in shown],
@@ -227,17 +235,18 @@ class PAGOverview(Component):
                         if e[0] in visible and e[1] in visible), reverse=True)
         edges = edges[: self.max_edges]
         top = edges[0][0] if edges else 1
-        self.edges.data = {
+        edge_columns = {
             "x0": [x[a] for _, (a, b) in edges], "y0": [y[a] for _, (a, b) in edges],
             "x1": [x[b] for _, (a, b) in edges], "y1": [y[b] for _, (a, b) in edges],
             "count": [c for c, _ in edges],
             "alpha": [0.15 + 0.6 * c / top for c, _ in edges],
         }
         hops = [(a, b) for a, b in pairwise(sequence) if a in visible and b in visible]
-        self.path_edges.data = {
+        path_edges = {
             "x0": [x[a] for a, _ in hops], "y0": [y[a] for a, _ in hops],
             "x1": [x[b] for _, b in hops], "y1": [y[b] for _, b in hops],
         }
+        return nodes, edge_columns, path_edges
 
     @log_errors
     def _drill_down(self, attr: str, old: list, new: list) -> None:

@@ -18,7 +18,7 @@ from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import (
-    Component,
+    OffLoop,
     PathSelection,
     RunChoice,
     Runs,
@@ -57,16 +57,17 @@ def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) ->
     selection = PathSelection()
     choice = RunChoice()
     selected = selected_source(chosen_source(data, runs, choice), selection)
-    components, layout = crux_layout(selected)
-    for component in components:
-        add_periodic_callback(doc, component, UPDATE_INTERVAL)
-    selector = RunSelector(runs, choice, components)
+    updaters, layout = crux_layout(selected)
+    for updater in updaters:
+        updater.update()  # starts computing what the page shows, in a thread
+        add_periodic_callback(doc, updater, UPDATE_INTERVAL)
+    selector = RunSelector(runs, choice, updaters)
     add_periodic_callback(doc, selector, UPDATE_INTERVAL)
-    scopes = ScopeSelector(runs.plugin, selected, selection, components)
+    scopes = ScopeSelector(runs.plugin, selected, selection, updaters)
     add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
     doc.title = "Dask: Crux"
     doc.add_root(column(row(selector.root, scopes.root,
-                            path_controls(selected, selection, components)),
+                            path_controls(selected, selection, updaters)),
                         layout, sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
@@ -81,7 +82,8 @@ class RunSelector(DashboardComponent):
     being read.
     """
 
-    def __init__(self, runs: Runs, choice: RunChoice, components: list[Component]) -> None:
+    def __init__(self, runs: Runs, choice: RunChoice,
+                 components: list[DashboardComponent]) -> None:
         super().__init__()
         self.runs, self.choice, self.components = runs, choice, components
         options = runs.options()
@@ -128,7 +130,7 @@ class ScopeSelector(DashboardComponent):
     """
 
     def __init__(self, plugin: CruxSchedulerPlugin, data: Source, selection: PathSelection,
-                 components: list[Component]) -> None:
+                 components: list[DashboardComponent]) -> None:
         super().__init__()
         self.plugin, self.data, self.selection = plugin, data, selection
         self.components = components
@@ -178,7 +180,8 @@ def _run_columns(options: list[tuple[str, str]]) -> dict[str, list[str]]:
     return {"value": [value for value, _ in options], "label": [label for _, label in options]}
 
 
-def path_controls(data: Source, selection: PathSelection, components: list[Component]) -> Any:
+def path_controls(data: Source, selection: PathSelection,
+                  components: list[DashboardComponent]) -> Any:
     """Start state, end state and method of the critical path shown, with error messages."""
     start = TextInput(title="from state id (empty: the graph's root)", width=220,
                       name="crux-start")
@@ -225,8 +228,10 @@ def _state_id(text: str, name: str) -> int | None:
 
 def individual_doc(cls: type, data: Source, scheduler: Any, extra: dict, doc: Any) -> None:
     component = cls(data, sizing_mode="stretch_both")
-    component.update()
-    add_periodic_callback(doc, component, UPDATE_INTERVAL)
+    # What it shows is computed off the event loop, from the first update on.
+    updater = component if isinstance(component, SuggestionTable) else OffLoop(data, [component])
+    updater.update()
+    add_periodic_callback(doc, updater, UPDATE_INTERVAL)
     doc.title = f"Dask: Crux {cls.__name__}"
     doc.add_root(component.root)
     doc.theme = BOKEH_THEME

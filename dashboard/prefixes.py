@@ -28,6 +28,9 @@ class PrefixTable(Component):
             TableColumn(field="dominant", title="mostly", width=90),
         ], **kwargs)
 
-    def render(self, view: GraphView) -> None:
+    def compute(self, view: GraphView) -> dict[str, list]:
         table = view.wcp().by_prefix()
-        self.source.data = {c: table[c].tolist() for c in COLUMNS}
+        return {c: table[c].tolist() for c in COLUMNS}
+
+    def show(self, computed: dict[str, list]) -> None:
+        self.source.data = computed

@@ -43,9 +43,11 @@ class StepsTable(Component):
             TableColumn(field="scope", title="scope", width=70),
         ], **kwargs)
 
-    def render(self, view: GraphView) -> None:
+    def compute(self, view: GraphView) -> dict[str, list]:
         steps = view.wcp().to_frame()
         scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
                  else [""] * len(steps))
-        self.source.data = {**{c: steps[c].tolist() for c in COLUMNS[:-1]},
-                            "scope": list(scope)}
+        return {**{c: steps[c].tolist() for c in COLUMNS[:-1]}, "scope": list(scope)}
+
+    def show(self, computed: dict[str, list]) -> None:
+        self.source.data = computed

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import html
-import threading
+import multiprocessing
+import os
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import pandas as pd
@@ -13,13 +14,14 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, Div, NumberFormatter, TableColumn
 from distributed.utils import log_errors
 
-from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
-from crux_dask.whatif import suggest
+from crux_dask.whatif import suggest, suggest_pieces
 
 COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
-
+#: How much less the process replaying a live run is favoured than the scheduler.
+NICENESS = 10
 
 
 def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
@@ -27,18 +29,17 @@ def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
     return suggest(store, end, critical_path(store, default_end=end))
 
 
-def _in_thread(function: Callable[..., pd.DataFrame], *args: Any) -> Future:
-    """``function(*args)`` in a thread of its own, which ends with it."""
-    result: Future = Future()
+def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.DataFrame:
+    """:func:`_suggestions` of ``store`` up to ``upto`` (its lengths, read on the event
+    loop), replayed in a process of its own at a lower priority; call it in a thread.
 
-    def run() -> None:
-        try:
-            result.set_result(function(*args))
-        except BaseException as error:  # handed to whoever reads the result
-            result.set_exception(error)
-
-    threading.Thread(target=run, name="crux-what-if", daemon=True).start()
-    return result
+    The scheduler's process only cuts the graph into pieces: the replay's
+    CPU and its garbage collections stay out of it.
+    """
+    pieces = store.to_pieces(upto)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=os.nice, initargs=(NICENESS,)) as process:
+        return process.submit(suggest_pieces, pieces, end).result()
 
 
 class SuggestionTable(Component):
@@ -53,7 +54,8 @@ class SuggestionTable(Component):
     ----------
     data : Source
     background : bool
-        Replay in a thread, off the event loop, and only once the graph has
+        Replay in a process of its own, off the event loop (see
+        :func:`_suggestions_apart`), and only once the graph has
         stopped changing between two updates (between computations): the
         live page.  ``False`` replays at once: a graph that no longer changes,
         as in the standalone report.
@@ -99,9 +101,8 @@ class SuggestionTable(Component):
         if graph != self._seen:  # still changing: wait for a quiet moment
             self._seen = graph
             return
-        # The live graph, copied in the thread up to where it is now.
-        live, upto, end = view.store, view.store.lengths(), view.end
-        self._running = (graph, _in_thread(lambda: _suggestions(live.copy(upto), end)))
+        self._running = (graph, in_thread(_suggestions_apart, view.store, view.store.lengths(),
+                                          view.end, name="crux-what-if"))
         self.note.text = "replaying the run&hellip;"
 
     def render(self, view: GraphView) -> None:

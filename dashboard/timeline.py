@@ -54,7 +54,8 @@ class WCPTimeline(Component):
             ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
 
-    def render(self, view: GraphView) -> None:
+    def compute(self, view: GraphView) -> tuple[list, dict, dict]:
+        """The lanes, the bars and the links of the path of ``view``."""
         path = view.wcp()
         steps = path.to_frame()
         t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
@@ -74,10 +75,8 @@ class WCPTimeline(Component):
                                                  "rescheduled", "queued", "wait", "start",
                                                  "stop")},
         }
-        self.root.y_range.factors = sorted(set(data["lane"]))
-        self.source.data = data
         handoff = (steps["via"] != "data").to_numpy()
-        self.links.data = {
+        links = {
             "x0": data["wait_left"][handoff],
             "y0": steps["source"][handoff].tolist(),
             "x1": steps["start"].to_numpy()[handoff] - t0,
@@ -85,3 +84,10 @@ class WCPTimeline(Component):
             "color": color[handoff].tolist(),
             "via": steps["via"][handoff].tolist(),
         }
+        return sorted(set(data["lane"])), data, links
+
+    def show(self, computed: tuple[list, dict, dict]) -> None:
+        lanes, bars, links = computed
+        self.root.y_range.factors = lanes
+        self.source.data = bars
+        self.links.data = links

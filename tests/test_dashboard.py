@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shutil
+import threading
 import time
 from itertools import pairwise
 
@@ -19,7 +20,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
-from crux_dask.dashboard.data import live_source, static_source
+from crux_dask.dashboard.data import OffLoop, live_source, static_source
 from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
@@ -106,6 +107,48 @@ async def test_components_show_the_critical_path(c, s, a, b):
     before = timeline.source.data
     timeline.update()  # nothing changed: no new column dict is sent
     assert timeline.source.data is before
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
+async def test_live_pages_compute_off_the_event_loop(c, s, a, b):
+    """A live page's components compute in a thread, on a copy of the graph as it was,
+    and show the same as components rendered at once."""
+
+    computed = []  # the thread and the store of each computation
+
+    class Steps(StepsTable):
+        def compute(self, view):
+            computed.append((threading.current_thread(), view.store))
+            return super().compute(view)
+
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    await crux_dask.get_wcp(c)  # every event applied
+    data = live_source(s.plugins["crux"])
+    steps, overview = Steps(data), PAGOverview(data)
+    driver = OffLoop(data, [steps, overview])
+    driver.update()
+    assert steps.source.data["kind"] == [] and overview.source.data["label"] == []
+    await async_poll_for(lambda: not driver.busy(), 10)
+    driver.update()
+    (thread, seen), = computed
+    live = s.plugins["crux"].builder.store
+    assert thread is not threading.main_thread() and seen is not live
+    assert seen.n_states == live.n_states
+    at_once_steps, at_once_overview = StepsTable(data), PAGOverview(data)
+    at_once_steps.update()
+    at_once_overview.update()
+    assert steps.source.data == at_once_steps.source.data
+    assert overview.source.data == at_once_overview.source.data
+    assert overview.edges.data == at_once_overview.edges.data
+    driver.update()  # nothing changed: nothing computed again
+    assert not driver.busy() and len(computed) == 1
+    await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+    await crux_dask.get_wcp(c)
+    driver.update()
+    await async_poll_for(lambda: not driver.busy(), 10)
+    driver.update()
+    assert len(computed) == 2 and "later" in steps.source.data["key"]
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)

@@ -8,6 +8,12 @@ of its own executor and marks that thread with the task's key
 which file, and whether for writing, at the cost of a few attribute reads.
 Sizes are taken when the task is done, once per file.
 
+Some libraries open files in threads of their own while the task's thread
+waits (zarr's stores, through an event loop and a thread pool of their own):
+an ``open`` in a thread that runs no task is the task's when it is the only
+one running on the worker (``Worker.active_threads``); with several running,
+whose it is cannot be told, and it is not recorded.
+
 A task's seconds on files are the seconds its thread was off the CPU from
 its first ``open`` to its end: the time it waited for storage (a read served
 from the page cache costs CPU time, and counts as computing).  What its
@@ -44,6 +50,10 @@ _install_lock = threading.Lock()
 #: Flags of an ``open`` that may change the file.
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+#: Audit events of a file given another name (``os.replace`` raises ``os.rename``),
+#: and the flags noted for its old and its new name.
+_MOVES = frozenset({"os.rename", "os.link"})
+_MOVED_AWAY, _MOVED_HERE = -1, -2
 #: Files no task means to read as data: Python's own, the kernel's.
 _SKIPPED_SUFFIXES = (".py", ".pyc", ".so", ".pth")
 _SKIPPED_PREFIXES = ("/proc/", "/sys/", "/dev/")
@@ -51,27 +61,66 @@ _SKIPPED_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 def _audit(event: str, args: tuple, _state: Any = thread_state,
            _watching: dict = _recorders) -> None:
-    """The process's audit hook: note an ``open`` by a task for its worker's recorder.
+    """The process's audit hook: note an ``open`` (or a file moved) by a task for its
+    worker's recorder.
 
     As little as can be, in the task's thread (the defaults save global
     lookups): which recorder, and the path and flags appended to the task's
     list, one after the other (kept as a tuple, each open would keep one more
     object for the garbage collector to walk); the rest waits for
-    :meth:`FileRecorder.done`.
+    :meth:`FileRecorder.done`.  A file written under a temporary name and
+    then renamed (or linked) to its own, as zarr's stores write, is noted as
+    both names, the first marked as moved away and the second as written.
     """
-    if event == "open" and _watching:
-        key = getattr(_state, "key", None)
-        if key is None:
+    if event == "open":
+        if not _watching:
             return
-        try:
+        try:  # what _note does, inline: every open of a task pays for a call
+            key = getattr(_state, "key", None)
+            if key is None:  # no task's thread: perhaps one working for a task
+                _note_for_a_task(args[0], args[2])
+                return
             recorder = _single or _watching[id(_state.execution_state["worker"])]
             opened = recorder.by_task.get(key)
             if opened is None:
-                opened = recorder.first_open(key)
-            opened.append(args[0])
-            opened.append(args[2])
+                recorder.note(key, threading.get_ident(), args[0], args[2])
+            else:
+                opened.append(args[0])
+                opened.append(args[2])
         except Exception:  # an audit hook that raises fails the open: never
             return
+    elif event in _MOVES and _watching:
+        _note(args[0], _MOVED_AWAY, _state, _watching)
+        _note(args[1], _MOVED_HERE, _state, _watching)
+
+
+def _note(path: Any, flags: int, state: Any, watching: dict) -> None:
+    """Append ``path`` and ``flags`` to the list of the task whose thread this is, if any."""
+    try:
+        key = getattr(state, "key", None)
+        if key is None:  # no task's thread: perhaps one working for a task
+            _note_for_a_task(path, flags)
+            return
+        recorder = _single or watching[id(state.execution_state["worker"])]
+        recorder.note(key, threading.get_ident(), path, flags)
+    except Exception:  # an audit hook that raises fails the open: never
+        return
+
+
+def _note_for_a_task(path: Any, flags: int) -> None:
+    """Noted in a thread that runs no task: the running task's, if only one runs.
+
+    Never the worker's own threads' (its event loop's): those open its
+    spill files, its logs, its configuration.
+    """
+    recorder = _single
+    if recorder is None or threading.get_ident() == recorder.loop_thread:
+        return
+    running = recorder.worker.active_threads
+    if len(running) != 1:
+        return
+    ((thread, key),) = running.items()  # may have changed meanwhile: the caller catches
+    recorder.note(key, thread, path, flags)
 
 
 def _install() -> None:
@@ -125,8 +174,9 @@ class FileRecorder:
         self._first: dict[Any, tuple[float, float, int]] = {}
 
     def start(self) -> None:
-        """Watch the worker's tasks from now on."""
+        """Watch the worker's tasks from now on (call it in the worker's event loop)."""
         global _single
+        self.loop_thread = threading.get_ident()
         _install()
         _recorders[id(self.worker)] = self
         _single = self if len(_recorders) == 1 else None
@@ -140,11 +190,14 @@ class FileRecorder:
         self.by_task.clear()
         self._first.clear()
 
-    def first_open(self, key: Any) -> list:
-        """The task ``key`` opens its first file now (in the task's thread): its list."""
-        self._first[key] = (time.time(), time.thread_time(), threading.get_ident())
-        opened = self.by_task[key] = []
-        return opened
+    def note(self, key: Any, thread: int, path: Any, flags: int) -> None:
+        """The task ``key``, run by ``thread``, opens (or moves) ``path`` now."""
+        opened = self.by_task.get(key)
+        if opened is None:  # its first: when, and its thread's CPU time then
+            self._first[key] = (time.time(), _cpu_seconds(thread), thread)
+            opened = self.by_task[key] = []
+        opened.append(path)
+        opened.append(flags)
 
     def done(self, key: Any, stop: float | None) -> tuple[float | None, list] | None:
         """What the task ``key``, done now, did with files: ``(io, files)`` or None.
@@ -166,9 +219,13 @@ class FileRecorder:
                 if isinstance(path, int) or path is None:
                     continue  # a descriptor: its file was opened, and seen, before
                 path = os.fsdecode(path)
-            if flags & _DIRECTORY:
-                continue
-            written[path] = bool(flags & _WRITES) or written.get(path, False)
+            if flags < 0:  # moved: the old name is gone, the new one written
+                if flags == _MOVED_AWAY:
+                    written.pop(path, None)
+                else:
+                    written[path] = True
+            elif not flags & _DIRECTORY:
+                written[path] = bool(flags & _WRITES) or written.get(path, False)
         files = [[path, wrote, _size(path)] for name, wrote in written.items()
                  if self.wanted(path := os.path.abspath(name))]
         found = [entry for entry in files if entry[2] >= 0]
@@ -179,12 +236,10 @@ class FileRecorder:
         self.opened_files += len(files)
         opened_at, cpu_at, thread = first
         io = None
-        if stop is not None:
-            try:
-                cpu = time.clock_gettime(time.pthread_getcpuclockid(thread)) - cpu_at
-                io = max(0.0, (stop - opened_at) - cpu)
-            except (OSError, AttributeError, ValueError):
-                io = None
+        if stop is not None and cpu_at is not None:
+            cpu = _cpu_seconds(thread)
+            if cpu is not None:
+                io = max(0.0, (stop - opened_at) - (cpu - cpu_at))
         return io, files
 
     def wanted(self, path: str) -> bool:
@@ -199,6 +254,14 @@ class FileRecorder:
         """The task ``key`` ended without a result: what it opened is not recorded."""
         self.by_task.pop(key, None)
         self._first.pop(key, None)
+
+
+def _cpu_seconds(thread: int) -> float | None:
+    """The CPU seconds of ``thread`` (a thread identifier) so far; None where unknown."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread))
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 def _size(path: str) -> int:

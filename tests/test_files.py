@@ -12,10 +12,12 @@ import sys
 import time
 
 import dask
+import dask.array as da
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from distributed import Client, LocalCluster
 from distributed.utils_test import gen_cluster
 
 import crux_dask
@@ -306,3 +308,37 @@ def test_files_the_worker_opens_itself_never_appear(crux_client, tmp_path):
     base = str(tmp_path.parent.parent)  # the temporary directories of these tests
     assert opened.str.startswith(base).all(), opened.tolist()
     assert not opened.str.endswith((".py", ".pyc")).any()
+
+
+def test_zarr_chunks_written_in_its_own_threads_and_read_back(tmp_path):
+    """zarr's stores read and write in threads of their own, and write each chunk under a
+    temporary name first: a worker of one thread still knows whose each chunk is."""
+    pytest.importorskip("zarr")  # in the test extras; an optional library for users
+    store = str(tmp_path / "a.zarr")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        x = da.random.random((400, 400), chunks=(100, 100))
+        expected = float(x.sum().compute())  # the same random array: its seed is its key
+        da.to_zarr(x, store)
+        total = float(da.from_zarr(store).sum().compute())  # the run's last computation
+        pag = crux_dask.get_pag(client)
+    assert total == pytest.approx(expected)
+
+    chunks = {str(p): p.stat().st_size for p in (tmp_path / "a.zarr" / "c").rglob("*")
+              if p.is_file()}
+    assert len(chunks) == 16
+    files = file_states(pag, tmp_path)
+    assert files.set_index("key")["size"].to_dict() == chunks  # each once, and no temporary
+    assert files["origin"].str.contains("store").all()  # written by to_zarr's tasks
+    assert (files["label"] == "a.zarr").all()
+    states, mutations = pag.states, pag.mutations
+    reads = mutations[mutations["src"].isin(files.index) & (mutations["kind"] == "TRANSFER")]
+    assert sorted(reads["src"]) == sorted(files.index)  # each chunk read back once
+    readers = mutations.loc[mutations["src"].isin(reads["dst"]), "dst"]
+    assert len(readers) == 16 and states.loc[readers, "key"].str.contains("sum").all()
+    io = pag.moments.set_index("state_id")["io"]
+    assert io[readers].notna().all()
+    path = pag.wcp()
+    assert path.breakdown["io"] > 0
+    check_breakdown(path)

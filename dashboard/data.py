@@ -89,6 +89,10 @@ class GraphView:
 
         return make
 
+    def with_selection(self, selection: PathSelection) -> GraphView:
+        """The same graph, with another path selected."""
+        return GraphView(self.store, self.end, selection, self.live, _origin=self._origin)
+
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import html
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bokeh.layouts import column, row
@@ -23,8 +24,8 @@ from crux_dask.dashboard.data import (
     RunChoice,
     Runs,
     Source,
-    cached_key_groups,
     chosen_source,
+    in_thread,
     live_source,
     selected_source,
 )
@@ -34,8 +35,8 @@ from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.suggestions import SuggestionTable
 from crux_dask.dashboard.timeline import WCPTimeline
-from crux_dask.scopes import Scope, scope_path
-from crux_dask.wcp import METHODS, critical_path
+from crux_dask.scopes import Scope
+from crux_dask.wcp import METHODS
 
 if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
@@ -50,6 +51,7 @@ INDIVIDUAL = {
     "/individual-crux-suggestions": SuggestionTable,
 }
 UPDATE_INTERVAL = 500  # milliseconds
+CHECK_INTERVAL = 100  # milliseconds: how soon a path chosen on the page is shown
 
 
 def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) -> None:
@@ -63,11 +65,12 @@ def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) ->
         add_periodic_callback(doc, updater, UPDATE_INTERVAL)
     selector = RunSelector(runs, choice, updaters)
     add_periodic_callback(doc, selector, UPDATE_INTERVAL)
-    scopes = ScopeSelector(runs.plugin, selected, selection, updaters)
+    check = SelectionCheck(selected, selection, updaters)
+    add_periodic_callback(doc, check, CHECK_INTERVAL)
+    scopes = ScopeSelector(runs.plugin, check)
     add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
     doc.title = "Dask: Crux"
-    doc.add_root(column(row(selector.root, scopes.root,
-                            path_controls(selected, selection, updaters)),
+    doc.add_root(column(row(selector.root, scopes.root, path_controls(check)),
                         layout, sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)
@@ -120,20 +123,63 @@ class RunSelector(DashboardComponent):
             self.message.text = text
 
 
+class SelectionCheck(DashboardComponent):
+    """A path selection chosen on the page, checked off the event loop before it applies.
+
+    :meth:`propose` starts finding, in a thread, the path the selection
+    names in the graph shown as it is now (at a million states that takes as
+    long as the path itself); :meth:`update` (periodic) then applies it and
+    updates the components, or, if it does not apply to the graph, says why
+    and leaves the page as it was.
+    """
+
+    def __init__(self, data: Source, selection: PathSelection,
+                 components: list[DashboardComponent]) -> None:
+        super().__init__()
+        self.data, self.selection, self.components = data, selection, components
+        self._pending: tuple[PathSelection, Div, Future] | None = None
+
+    def propose(self, chosen: PathSelection, message: Div) -> None:
+        """Check ``chosen``; ``message`` says what becomes of it."""
+        frozen = self.data().frozen()
+        self._pending = (chosen, message,
+                         in_thread(lambda: frozen().with_selection(chosen).wcp()))
+        message.text = "finding that path&hellip;"
+
+    def busy(self) -> bool:
+        """Whether a selection is being checked."""
+        return self._pending is not None and not self._pending[2].done()
+
+    @log_errors
+    def update(self) -> None:
+        """Apply the selection checked, or say why it does not apply."""
+        if self._pending is None or not self._pending[2].done():
+            return
+        chosen, message, check = self._pending
+        self._pending = None
+        try:
+            check.result()
+        except ValueError as error:
+            message.text = f"<b>{html.escape(str(error))}</b>"
+            return
+        message.text = ""
+        vars(self.selection).update(vars(chosen))
+        for component in self.components:
+            component.update()
+
+
 class ScopeSelector(DashboardComponent):
     """Whose path the page shows: the whole run, or one computation or span.
 
     ``source`` lists the choices (``value``, ``label``); :meth:`update`
     (periodic) adds computations and spans as the scheduler records them.  A
-    choice with no state in the graph shown leaves the page as it was and
-    says why.
+    choice is applied once ``check`` found its path; one with no state in the
+    graph shown leaves the page as it was and says why.
     """
 
-    def __init__(self, plugin: CruxSchedulerPlugin, data: Source, selection: PathSelection,
-                 components: list[DashboardComponent]) -> None:
+    def __init__(self, plugin: CruxSchedulerPlugin, check: SelectionCheck) -> None:
         super().__init__()
-        self.plugin, self.data, self.selection = plugin, data, selection
-        self.components = components
+        self.plugin, self.check = plugin, check
         self.scopes: dict[str, Scope] = {}
         options = self._options()
         self.source = ColumnDataSource(_run_columns(options))
@@ -151,20 +197,10 @@ class ScopeSelector(DashboardComponent):
     @log_errors
     def _chosen(self, attr: str, old: str, new: str) -> None:
         scope = self.scopes.get(new)
-        chosen = PathSelection(method=self.selection.method, scope=scope)
-        if scope is not None:
-            store = self.data().store
-            try:
-                scope_path(store, scope, cached_key_groups(store), chosen.method)
-            except ValueError as error:
-                self.message.text = f"<b>{html.escape(str(error))}</b>"
-                return
-        self.message.text = ""
-        self.selection.scope = scope
-        if scope is not None:
-            self.selection.start = self.selection.end = None
-        for component in self.components:
-            component.update()
+        current = self.check.selection
+        chosen = (PathSelection(method=current.method, scope=scope) if scope is not None
+                  else PathSelection(current.start, current.end, current.method))
+        self.check.propose(chosen, self.message)
 
     @log_errors
     def update(self) -> None:
@@ -180,9 +216,11 @@ def _run_columns(options: list[tuple[str, str]]) -> dict[str, list[str]]:
     return {"value": [value for value, _ in options], "label": [label for _, label in options]}
 
 
-def path_controls(data: Source, selection: PathSelection,
-                  components: list[DashboardComponent]) -> Any:
-    """Start state, end state and method of the critical path shown, with error messages."""
+def path_controls(check: SelectionCheck) -> Any:
+    """Start state, end state and method of the critical path shown, with error messages.
+
+    A choice is applied once ``check`` found its path.
+    """
     start = TextInput(title="from state id (empty: the graph's root)", width=220,
                       name="crux-start")
     end = TextInput(title="to state id (empty: the workflow's end)", width=220,
@@ -193,24 +231,17 @@ def path_controls(data: Source, selection: PathSelection,
 
     @log_errors
     def changed(attr: str, old: Any, new: Any) -> None:
+        scope = check.selection.scope
         try:
             chosen = PathSelection(_state_id(start.value, "from"), _state_id(end.value, "to"),
-                                   method.value, selection.scope)
-            if chosen.scope is not None and (chosen.start, chosen.end) != (None, None):
+                                   method.value, scope)
+            if scope is not None and (chosen.start, chosen.end) != (None, None):
                 raise ValueError("from and to do not apply to a computation or span: "
                                  "choose the whole run first")
-            view = data()
-            if chosen.scope is None:
-                critical_path(view.store, chosen.start, chosen.end, chosen.method,
-                              default_end=view.end)
         except ValueError as error:
             message.text = f"<b>{html.escape(str(error))}</b>"
             return
-        message.text = ""
-        selection.start, selection.end, selection.method = (
-            chosen.start, chosen.end, chosen.method)
-        for component in components:
-            component.update()
+        check.propose(chosen, message)
 
     for widget in (start, end, method):
         widget.on_change("value", changed)

@@ -180,7 +180,7 @@ async def test_what_to_fix_replays_between_computations_off_the_event_loop(c, s,
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
 async def test_path_selection_between_two_states(c, s, a, b):
     from crux_dask.dashboard.data import PathSelection, selected_source
-    from crux_dask.dashboard.pages import path_controls
+    from crux_dask.dashboard.pages import SelectionCheck, path_controls
 
     await crux_dask.attach(c)
     await c.compute(diamond())
@@ -190,16 +190,33 @@ async def test_path_selection_between_two_states(c, s, a, b):
     selection = PathSelection()
     data = selected_source(live_source(s.plugins["crux"]), selection)
     steps = StepsTable(data)
-    controls = path_controls(data, selection, [steps])
-    start, end, method, message = controls.children
+    check = SelectionCheck(data, selection, [steps])
+    start, end, method, message = path_controls(check).children
+
+    async def checked() -> None:  # found off the event loop, then applied
+        await async_poll_for(lambda: not check.busy(), 10)
+        check.update()
+
     start.value = str(ids["top"])
+    await checked()
     end.value = str(ids["right"])
+    assert selection.end is None  # not before its path is found
+    await checked()
     assert steps.source.data["key"] == ["right"] and message.text == ""
     method.value = "longest"
+    await checked()
     assert selection.method == "longest"
     end.value = "not a number"
     assert "must be a state id" in message.text
     assert selection.end == ids["right"]  # a bad entry leaves the page as it was
+    end.value = str(ids["left"])
+    await checked()
+    assert steps.source.data["key"] == ["left"]
+    start.value = str(ids["right"])  # the left branch does not descend from the right
+    await checked()
+    assert "does not descend" in message.text
+    assert (selection.start, selection.end) == (ids["top"], ids["left"])
+    assert steps.source.data["key"] == ["left"]
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
@@ -207,7 +224,7 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
     import distributed
 
     from crux_dask.dashboard.data import PathSelection, selected_source
-    from crux_dask.dashboard.pages import ScopeSelector
+    from crux_dask.dashboard.pages import ScopeSelector, SelectionCheck
     from crux_dask.scopes import Scope
 
     await crux_dask.attach(c)
@@ -221,23 +238,32 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
     data = selected_source(live_source(s.plugins["crux"]), selection)
     steps = StepsTable(data)
     steps.update()
-    selector = ScopeSelector(s.plugins["crux"], data, selection, [steps])
+    check = SelectionCheck(data, selection, [steps])
+    selector = ScopeSelector(s.plugins["crux"], check)
+
+    async def checked() -> None:  # found off the event loop, then applied
+        await async_poll_for(lambda: not check.busy(), 10)
+        check.update()
+
     labels = dict(selector.select.options)
     assert {"span: first", "span: second"} <= set(labels.values())
     whole = list(steps.source.data["key"])
     for name in ("first", "second"):
         value = next(v for v, label in labels.items() if label == f"span: {name}")
         selector.select.value = value
+        await checked()
         expected = await crux_dask.get_wcp(c, span=name)
         assert steps.source.data["key"] == expected.to_frame()["key"].tolist()
         assert set(steps.source.data["scope"]) <= {"this", "another"}
         assert selector.message.text == ""
     assert steps.source.data["key"] != whole
     selector.select.value = ""
+    await checked()
     assert steps.source.data["key"] == whole and set(steps.source.data["scope"]) == {""}
     # A choice with no state in the graph shown says so and changes nothing.
     selector.scopes["nowhere"] = Scope("span", "x", "nowhere", 0.0, 1.0, frozenset({"nope"}))
     selector.select.value = "nowhere"
+    await checked()
     assert "no state of the graph belongs" in selector.message.text
     assert selection.scope is None and steps.source.data["key"] == whole
 

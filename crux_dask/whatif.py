@@ -40,8 +40,10 @@ result reaching the client).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -218,18 +220,24 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def suggest_pieces(pieces: list[bytes], end: int) -> pd.DataFrame:
-    """:func:`suggest` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut,
-    on its observed path to ``end``.
+def suggest_apart(pieces: list[bytes], end: int, niceness: int, answer: Any) -> None:
+    """:func:`suggest` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on
+    its observed path to ``end``, sent on the connection ``answer`` as ``(table, None)``,
+    or ``(None, error)`` for a ``ValueError``.
 
-    What a process of its own runs for a server whose event loop must not
-    wait for it: a replay allocates millions of small objects, and a thread
-    would hold the interpreter for every garbage collection they cause.
+    What a process of its own runs, ``niceness`` less favoured than its
+    parent, for a server whose event loop must not wait for it: a replay
+    allocates millions of small objects, and a thread would hold the
+    interpreter for every garbage collection they cause.
     """
     from crux_dask.wcp import critical_path
 
+    os.nice(niceness)
     store = PAGStore.from_pieces(pieces)
-    return suggest(store, end, critical_path(store, default_end=end))
+    try:
+        answer.send((suggest(store, end, critical_path(store, default_end=end)), None))
+    except ValueError as error:  # a run without tasks or timing
+        answer.send((None, error))
 
 
 def _top_labels(path: CriticalPath, top: int = TOP_LABELS) -> str:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import html
 import multiprocessing
-import os
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import pandas as pd
@@ -17,7 +16,7 @@ from distributed.utils import log_errors
 from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
-from crux_dask.whatif import suggest, suggest_pieces
+from crux_dask.whatif import suggest, suggest_apart
 
 COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
 #: How much less the process replaying a live run is favoured than the scheduler.
@@ -34,12 +33,35 @@ def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.Da
     loop), replayed in a process of its own at a lower priority; call it in a thread.
 
     The scheduler's process only cuts the graph into pieces: the replay's
-    CPU and its garbage collections stay out of it.
+    CPU and its garbage collections stay out of it.  The process is a daemon:
+    a scheduler that exits ends it instead of waiting for it.
+
+    Raises
+    ------
+    ValueError
+        If the run has no tasks or timing to replay.
+    RuntimeError
+        If the process ended without an answer.
     """
-    pieces = store.to_pieces(upto)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=os.nice, initargs=(NICENESS,)) as process:
-        return process.submit(suggest_pieces, pieces, end).result()
+    context = multiprocessing.get_context("spawn")
+    answer, sender = context.Pipe(duplex=False)
+    process = context.Process(target=suggest_apart, name="crux-what-if", daemon=True,
+                              args=(store.to_pieces(upto), end, NICENESS, sender))
+    process.start()
+    sender.close()  # the child's end: closed here, so that its exit ends the wait
+    try:
+        table, error = answer.recv()
+    except EOFError:  # it died: killed, or out of memory
+        table = error = None
+    finally:
+        answer.close()
+        process.join()
+    if error is not None:
+        raise error
+    if table is None:
+        raise RuntimeError(f"the what-if process ended with code {process.exitcode} "
+                           "without an answer")
+    return table
 
 
 class SuggestionTable(Component):

@@ -13,6 +13,7 @@ from itertools import pairwise
 
 import dask
 import numpy as np
+import pandas as pd
 import pytest
 from distributed.utils_test import async_poll_for, gen_cluster
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
@@ -25,7 +26,7 @@ from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable
-from crux_dask.dashboard.suggestions import SuggestionTable
+from crux_dask.dashboard.suggestions import SuggestionTable, _suggestions, _suggestions_apart
 from crux_dask.dashboard.timeline import WCPTimeline
 
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -149,6 +150,23 @@ async def test_live_pages_compute_off_the_event_loop(c, s, a, b):
     await async_poll_for(lambda: not driver.busy(), 10)
     driver.update()
     assert len(computed) == 2 and "later" in steps.source.data["key"]
+
+
+def test_the_live_replay_runs_in_a_process_of_its_own():
+    """The same table as a replay in this process, or the same error; a process that
+    dies gives a clear error, not a hang."""
+    b = PAGBuilder()
+    b.root(0.0)
+    for i, (worker, seconds) in enumerate([("a", 0.5), ("a", 0.5), ("b", 0.1)]):
+        b.compute(f"work-{i}", f"tcp://{worker}:1", 1, 1.0 + i, 1.0 + i + seconds, 8)
+    store, end = b.store, b.end
+    expected = _suggestions(store, end)
+    replayed = _suggestions_apart(store, store.lengths(), end)
+    pd.testing.assert_frame_equal(replayed, expected)
+    with pytest.raises(ValueError, match="no task"):
+        _suggestions_apart(PAGBuilder().store, PAGBuilder().store.lengths(), -1)
+    with pytest.raises(RuntimeError, match="without an answer"):
+        _suggestions_apart(store, store.lengths(), "not a state")
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)

@@ -75,7 +75,7 @@ def _audit(event: str, args: tuple, _state: Any = thread_state,
     if event == "open":
         if not _watching:
             return
-        try:  # what _note does, inline: every open of a task pays for a call
+        try:
             key = getattr(_state, "key", None)
             if key is None:  # no task's thread: perhaps one working for a task
                 _note_for_a_task(args[0], args[2])
@@ -84,27 +84,14 @@ def _audit(event: str, args: tuple, _state: Any = thread_state,
             opened = recorder.by_task.get(key)
             if opened is None:
                 recorder.note(key, threading.get_ident(), args[0], args[2])
-            else:
+            else:  # what note() does, inline: every open of a task pays for a call
                 opened.append(args[0])
                 opened.append(args[2])
         except Exception:  # an audit hook that raises fails the open: never
             return
-    elif event in _MOVES and _watching:
-        _note(args[0], _MOVED_AWAY, _state, _watching)
-        _note(args[1], _MOVED_HERE, _state, _watching)
-
-
-def _note(path: Any, flags: int, state: Any, watching: dict) -> None:
-    """Append ``path`` and ``flags`` to the list of the task whose thread this is, if any."""
-    try:
-        key = getattr(state, "key", None)
-        if key is None:  # no task's thread: perhaps one working for a task
-            _note_for_a_task(path, flags)
-            return
-        recorder = _single or watching[id(state.execution_state["worker"])]
-        recorder.note(key, threading.get_ident(), path, flags)
-    except Exception:  # an audit hook that raises fails the open: never
-        return
+    elif event in _MOVES:  # noted as two opens of its own
+        _audit("open", (args[0], None, _MOVED_AWAY))
+        _audit("open", (args[1], None, _MOVED_HERE))
 
 
 def _note_for_a_task(path: Any, flags: int) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "CLIENT",
     "MOMENT_COLUMNS",
     "MUTATION_COLUMNS",
+    "RECEIVED_LABEL",
     "ROOT",
     "SHARDS_LABEL",
     "STATE_COLUMNS",
@@ -24,6 +25,7 @@ __all__ = [
     "file_location",
     "location_class",
     "memory_location",
+    "received_key",
     "shard_key",
 ]
 
@@ -205,6 +207,14 @@ def _dataset(parts: list[str]) -> int:
 SHARDS_LABEL = "p2p-shards"
 #: The label (task prefix) distributed gives the barrier of every P2P shuffle.
 BARRIER_LABEL = "shuffle-barrier"
+#: The label of what a worker received of a P2P shuffle (:func:`received_key`).
+RECEIVED_LABEL = "p2p-received"
+
+
+def received_key(barrier_key: str, location: str) -> str:
+    """The key of what a worker received of a P2P shuffle: every shard that arrived at
+    ``location`` (its memory), merged once for the output tasks that read them."""
+    return f"{barrier_key}->received@{location}"
 
 
 def shard_key(transfer_key: str, destination: str) -> str:

@@ -16,7 +16,7 @@ from crux_dask import PAGBuilder
 from crux_dask.build import feed as feed_module
 from crux_dask.build.shuffles import Shuffles
 from crux_dask.events import TYPES
-from crux_dask.model import BARRIER_LABEL, SHARDS_LABEL, shard_key
+from crux_dask.model import BARRIER_LABEL, RECEIVED_LABEL, SHARDS_LABEL, received_key, shard_key
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins.protocol import SHARDS
 from crux_dask.plugins.shuffles import shard_bytes
@@ -103,11 +103,20 @@ def test_shards_are_split_sent_and_merged_by_the_barrier_and_the_outputs(late_se
     assert sources_of(store, state(BARRIER)) == {
         ("t-0", MEM_B), ("t-1", MEM_B), arrived("t-0", A), arrived("t-0", B),
         arrived("t-1", A), arrived("t-1", B)}
-    # Each output the barrier and the shards its worker received.
-    assert sources_of(store, state("out-0")) == {
-        (BARRIER, MEM_A), arrived("t-0", A), arrived("t-1", A)}
-    assert sources_of(store, state("out-1")) == {
-        (BARRIER, MEM_B), arrived("t-0", B), arrived("t-1", B)}
+    # Each output the barrier and what its worker received: the shards that arrived
+    # there, merged once per worker, made when the last of them arrived.
+    for out, worker, memory in (("out-0", A, MEM_A), ("out-1", B, MEM_B)):
+        received = received_key(BARRIER, memory)
+        assert sources_of(store, state(out)) == {(BARRIER, memory), (received, memory)}
+        assert sources_of(store, state(received)) == {arrived("t-0", worker),
+                                                      arrived("t-1", worker)}
+        row = states.loc[state(received)]
+        mutations = pag.mutations
+        shards_there = states.loc[mutations[mutations["dst"] == state(received)]["src"]]
+        assert row["size"] == shards_there["size"].sum() > 0
+        assert row["time"] == shards_there["time"].max()
+        assert (mutations[mutations["dst"] == state(received)]["kind"] == "MERGE").all()
+        assert (row["label"], row["origin"]) == (RECEIVED_LABEL, BARRIER_LABEL)
     # The last shard to arrive (t-1's, at 4.0) is what the barrier waited for.
     path = pag.wcp(end=state("out-1"))
     assert list(path.to_frame()["key"])[-3:] == [shard_key("t-1", f"{place}@{A}"), BARRIER,
@@ -121,9 +130,54 @@ def test_shards_are_split_sent_and_merged_by_the_barrier_and_the_outputs(late_se
     b.apply(("delete", BARRIER, MEM_B, 6.0))
     assert all(held(k, w) for k in ("t-0", "t-1") for w in (A, B))
     b.apply(("delete", BARRIER, MEM_A, 6.1))
-    assert not any(store.labels.values[store.key_label[store.state_key[s]]] == SHARDS_LABEL
-                   for s in b.live_states())
-    assert not (b.shuffles.shards or b.shuffles.barriers or b.shuffles.keys)
+    assert not any(store.labels.values[store.key_label[store.state_key[s]]]
+                   in (SHARDS_LABEL, RECEIVED_LABEL) for s in b.live_states())
+    assert not (b.shuffles.shards or b.shuffles.barriers or b.shuffles.received
+                or b.shuffles.keys)
+
+
+def big_shuffle_events(n: int) -> list[tuple]:
+    """``n`` partitions on A and B shuffled to ``n`` outputs on both, one shard per
+    transfer task and worker."""
+    workers = (A, B)
+    events = [("root", 0.0)]
+    for i in range(n):
+        home = workers[i % 2]
+        events += [("compute", f"x-{i}", home, 1, 1.0, 2.0, 100),
+                   ("compute", f"t-{i}", home, 1, 2.0, 3.0, 8, (f"x-{i}",), -1,
+                    "shuffle-transfer")]
+        for dest in workers:
+            events.append(("shard", f"t-{i}", home, f"memory@{dest}", 10, 2.0, 2.5,
+                           (f"x-{i}",)))
+            if dest != home:
+                name = shard_key(f"t-{i}", f"memory@{dest}")
+                events += [("transfer", name, f"memory@{home}", f"memory@{dest}", 3.0, 3.1, 10),
+                           ("delete", name, f"memory@{home}", 3.1)]
+        if home != B:
+            events.append(("transfer", f"t-{i}", f"memory@{home}", MEM_B, 3.1, 3.2, 8))
+    events.append(("compute", BARRIER, B, 1, 3.5, 4.0, 8, tuple(f"t-{i}" for i in range(n))))
+    events.append(("transfer", BARRIER, MEM_B, MEM_A, 4.0, 4.1, 8))
+    events += [("compute", f"out-{i}", workers[i % 2], 1, 4.2, 4.3, 10, (BARRIER,))
+               for i in range(n)]
+    return events
+
+
+def test_a_shuffle_makes_mutations_in_proportion_to_its_partitions():
+    """Every output on a worker reads what that worker received, merged once: not every
+    shard again (which made n squared mutations)."""
+    counts = {}
+    for n in (50, 100):
+        b = PAGBuilder()
+        b.apply_many(big_shuffle_events(n))
+        assert b.n_parked == 0
+        counts[n] = b.store.n_mutations
+        merges = b.pag().mutations
+        received = b.pag().states.query("label == @RECEIVED_LABEL")
+        assert len(received) == 2 and (received["size"] == 10 * n).all()
+        into_outputs = merges[merges["dst"].isin(
+            b.pag().states.index[b.pag().states["key"].str.startswith("out-")])]
+        assert len(into_outputs) == 2 * n  # the barrier and what the worker received
+    assert counts[100] <= 2.05 * counts[50]
 
 
 @pytest.mark.parametrize("late_sends", [False, True])

@@ -7,8 +7,12 @@ background (``transfer`` events of the shard keys).  The *barrier* takes the
 transfer tasks as inputs (directly, or through tasks Dask put between them)
 and finishes once every shard has reached its destination: it is a ``MERGE``
 of every shard where it arrived, as well as of its inputs.  Each *output*
-task takes the barrier as input and reads the shards its worker received: a
-``MERGE`` of those.  The shards are released with the barrier's last copy.
+task takes the barrier as input and reads the shards its worker received:
+those are merged once per worker, when its first output runs, into a state
+of their own (what the worker received, :func:`~crux_dask.model.received_key`),
+which every output on that worker merges, so that a shuffle of ``n`` partitions
+makes a number of mutations that grows as ``n``, not ``n`` squared.  The shards
+and what each worker received are released with the barrier's last copy.
 
 A transfer task is one that made shards, an output one whose input is a
 barrier; the barrier is known by its label, the prefix distributed gives
@@ -23,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from crux_dask.build import lookups
 from crux_dask.events import Shard
-from crux_dask.model import BARRIER_LABEL, SHARDS_LABEL, MutationKind, shard_key
+from crux_dask.model import (
+    BARRIER_LABEL,
+    RECEIVED_LABEL,
+    SHARDS_LABEL,
+    MutationKind,
+    received_key,
+    shard_key,
+)
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
@@ -31,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Shuffles", "shard"]
 
 _SPLIT = int(MutationKind.SPLIT)
+_MERGE = int(MutationKind.MERGE)
 
 
 class Shuffles:
@@ -45,6 +57,9 @@ class Shuffles:
         barrier (an alias Dask put between them) -> those transfer task keys.
     barriers : dict
         Barrier task key -> the transfer task keys it took.
+    received : dict
+        Barrier task key -> the memory location codes where what a worker
+        received of its shuffle was merged.
     keys : set of str
         The keys of all three: a computation with one of them as input is part
         of a shuffle.
@@ -54,6 +69,7 @@ class Shuffles:
         self.shards: dict[str, dict[str, int]] = {}
         self.carriers: dict[str, list[str]] = {}
         self.barriers: dict[str, list[str]] = {}
+        self.received: dict[str, set[int]] = {}
         self.keys: set[str] = set()
 
     def adopt(self, other: Shuffles, location_of: Callable[[int], int]) -> None:
@@ -66,6 +82,8 @@ class Shuffles:
                            for task, made in other.shards.items())
         self.carriers.update((key, list(tasks)) for key, tasks in other.carriers.items())
         self.barriers.update((key, list(tasks)) for key, tasks in other.barriers.items())
+        self.received.update((key, {location_of(where) for where in places})
+                             for key, places in other.received.items())
         self.keys |= other.keys
 
     def sources(self, builder: PAGBuilder, inputs: tuple[str, ...], key: str, label: str,
@@ -73,10 +91,10 @@ class Shuffles:
         """The shard states a computation on ``memory`` with ``inputs`` merges.
 
         The barrier (labelled :data:`~crux_dask.model.BARRIER_LABEL`) merges
-        every shard of its transfer tasks where it arrived; an output task the
-        shards that arrived at its worker (memory or disk); any other task taking
-        transfer tasks carries them to the barrier.  ``None`` if the
-        computation now waits for a shard to arrive.
+        every shard of its transfer tasks where it arrived; an output task what
+        its worker received (:meth:`_received`); any other task taking transfer
+        tasks carries them to the barrier.  ``None`` if the computation now
+        waits for a shard to arrive.
         """
         transfers = [name for name in inputs if name in self.shards]
         for name in inputs:
@@ -85,23 +103,63 @@ class Shuffles:
             self.carriers[key] = transfers
             self.keys.add(key)
             return []
-        wanted: list[tuple[str, int]] = []
-        for name in transfers:
-            wanted += self.shards[name].items()
-        worker = builder.places.worker
+        if transfers:
+            found = self._arrived(builder, [(name, dest) for transfer in transfers
+                                            for name, dest in self.shards[transfer].items()],
+                                  event, now)
+            if found is not None:
+                self.barriers[key] = transfers
+                self.keys.add(key)
+            return found
+        found = []
         for name in inputs:
-            for transfer in self.barriers.get(name, ()):
-                wanted += [(s, dest) for s, dest in self.shards[transfer].items()
-                           if worker[dest] == worker[memory]]
+            if name in self.barriers:
+                received = self._received(builder, name, memory, event, now)
+                if received is None:
+                    return None
+                found += received
+        return found
+
+    def _received(self, builder: PAGBuilder, barrier: str, memory: int, event: Any,
+                  now: float) -> list[int] | None:
+        """What the worker of ``memory`` received of ``barrier``'s shuffle, as a list of
+        one state (none if no shard came there): the ``MERGE`` of the shards that
+        arrived there (memory or disk), made when its last one arrived (and ready
+        when the last of them was), the first time an output asks.  ``None`` if a
+        shard has not arrived yet."""
+        locations = builder.store.locations.values
+        name = received_key(barrier, locations[memory])
+        held = builder.holdings.at(name, memory)
+        if held is not None:
+            return [held]
+        worker = builder.places.worker
+        shards = self._arrived(builder, [
+            (shard, dest) for transfer in self.barriers[barrier]
+            for shard, dest in self.shards[transfer].items() if worker[dest] == worker[memory]],
+            event, now)
+        if not shards:  # one is on its way (None), or none came here
+            return shards
+        store = builder.store
+        time = max(store.state_time[s] for s in shards)
+        ready = max(store.state_ready[s] for s in shards)  # ranked as its shards were
+        size = sum(store.state_size[s] for s in shards)
+        code = store.key_code(name, RECEIVED_LABEL, BARRIER_LABEL)
+        sid = builder.new_state(code, memory, None, None, size, time, time, ready, shards,
+                                _MERGE, 0.0)
+        self.received.setdefault(barrier, set()).add(memory)
+        return [builder.applied(sid)]
+
+    @staticmethod
+    def _arrived(builder: PAGBuilder, wanted: list[tuple[str, int]], event: Any,
+                 now: float) -> list[int] | None:
+        """The states of the shards ``wanted`` (name, location); ``None`` if the event
+        now waits for one of them to arrive."""
         found = []
         for name, dest in wanted:
             src = lookups.held(builder, name, dest, event, now)
             if src is None:
                 return None
             found.append(src)
-        if transfers:
-            self.barriers[key] = transfers
-            self.keys.add(key)
         return found
 
     def release(self, builder: PAGBuilder, barrier: str, time: float) -> None:
@@ -113,6 +171,10 @@ class Shuffles:
         transfers = self.barriers.pop(barrier)
         self.keys.discard(barrier)
         locations = builder.store.locations.values
+        for memory in self.received.pop(barrier, ()):
+            name = received_key(barrier, locations[memory])
+            if builder.holdings.at(name, memory) is not None:
+                builder.delete(name, locations[memory], time)
         for transfer in transfers:
             for name, dest in self.shards.pop(transfer, {}).items():
                 if builder.holdings.at(name, dest) is not None:

@@ -138,8 +138,10 @@ def two_by_two():
 
 def test_two_workers_one_thread_each_chain_on_one_worker():
     # As on one thread: every task is sent at once, four to each worker, and each
-    # waits for its thread alone (the queue slots are checked in test_queue.py).
-    with dask.config.set({"distributed.scheduler.worker-saturation": float("inf")}), \
+    # waits for its thread alone (the queue slots are checked in test_queue.py); no
+    # stealing, which on a loaded machine moves a waiting task to the other worker.
+    with dask.config.set({"distributed.scheduler.worker-saturation": float("inf"),
+                          "distributed.scheduler.work-stealing": False}), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                          dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)

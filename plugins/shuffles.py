@@ -156,8 +156,12 @@ class ShardRecorder:
 
     def _sent(self, keys: dict, memory: str, destination: str, shards: list,
               start: float) -> None:
-        """The shards of one message reached ``destination``: each moved there, and left here."""
-        stop = self.now()
+        """The shards of one message reached ``destination``: each moved there, and left here.
+
+        Not before ``start``: the worker's estimate of the scheduler's clock may
+        have moved meanwhile (it is renewed at each heartbeat).
+        """
+        stop = max(start, self.now())
         for shard in shards:
             entry = keys.get(shard[0])
             if entry is None:

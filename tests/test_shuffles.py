@@ -15,11 +15,12 @@ import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.build import feed as feed_module
 from crux_dask.build.shuffles import Shuffles
+from crux_dask.codec import decode_batch, encode_batch
 from crux_dask.events import TYPES
 from crux_dask.model import BARRIER_LABEL, RECEIVED_LABEL, SHARDS_LABEL, received_key, shard_key
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins.protocol import SHARDS
-from crux_dask.plugins.shuffles import shard_bytes
+from crux_dask.plugins.shuffles import ShardRecorder, shard_bytes
 from crux_dask.plugins.tasks import TASK, task_events
 
 A, B = "tcp://a:1", "tcp://b:1"
@@ -264,6 +265,19 @@ def test_shards_are_counted_as_distributed_counts_them():
     assert shard_bytes((7, table)) == 1234  # a dataframe shard: (partition, table)
     arrays = ((0, 1), [((0, 0), ((0, 0), np.zeros((10, 10)))), ((0, 1), ((0, 0), np.ones(5)))])
     assert shard_bytes(arrays) == 800 + 40  # an array shard: indices count nothing
+
+
+def test_a_send_never_ends_before_it_started_when_the_clock_estimate_moves():
+    """A worker's estimate of the scheduler's clock is renewed at each heartbeat: a send
+    timed across a renewal must still make a batch the scheduler accepts (one event
+    ending before it started got the whole batch rejected)."""
+    recorded = []
+    recorder = ShardRecorder(None, recorded.append, lambda: 9.5)  # moved back 0.5 s
+    recorder._sent({0: ["t-0", 1]}, MEM_A, MEM_B, [(0, b"x" * 10)], start=10.0)
+    transfer, delete = recorded
+    assert transfer[0] == "transfer" and transfer[4] == transfer[5] == 10.0
+    assert transfer[6] == 10 and delete == ("delete", shard_key("t-0", MEM_B), MEM_A, 10.0)
+    assert len(decode_batch(encode_batch(recorded, A, 1))) == 2
 
 
 def test_what_a_worker_reports_in_another_form_gives_no_shards():

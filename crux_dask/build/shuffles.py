@@ -147,7 +147,7 @@ class Shuffles:
         sid = builder.new_state(code, memory, None, None, size, time, time, ready, shards,
                                 _MERGE, 0.0)
         self.received.setdefault(barrier, set()).add(memory)
-        return [builder.applied(sid)]
+        return [sid]  # not an event: nothing is counted as applied
 
     @staticmethod
     def _arrived(builder: PAGBuilder, wanted: list[tuple[str, int]], event: Any,

@@ -33,6 +33,3 @@ class Breakdown(Component):
         total = path.length or 1.0
         return {"category": list(CATEGORIES), "seconds": seconds,
                 "share": [s / total for s in seconds]}
-
-    def show(self, computed: dict[str, list]) -> None:
-        self.source.data = computed

@@ -275,8 +275,9 @@ class Component(DashboardComponent):
         raise NotImplementedError
 
     def show(self, computed: Any) -> None:
-        """Set what :meth:`compute` returned on the component's models."""
-        raise NotImplementedError
+        """Set what :meth:`compute` returned on the component's models: by default, the
+        column data of its ``source``."""
+        self.source.data = computed
 
 
 def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"

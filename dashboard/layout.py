@@ -22,8 +22,8 @@ def crux_layout(data: Source, background: bool = True) -> tuple[list[DashboardCo
 
     ``background`` (a live graph): what the components show is computed off
     the event loop (:class:`~crux_dask.dashboard.data.OffLoop`) from the
-    first update on, and what-if replays run in a thread between
-    computations; else (a recorded graph) the components are rendered at
+    first update on, and what-if replays run in a process of their own
+    between computations; else (a recorded graph) the components are rendered at
     once.
     """
     timeline = WCPTimeline(data, sizing_mode="stretch_width")

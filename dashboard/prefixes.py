@@ -31,6 +31,3 @@ class PrefixTable(Component):
     def compute(self, view: GraphView) -> dict[str, list]:
         table = view.wcp().by_prefix()
         return {c: table[c].tolist() for c in COLUMNS}
-
-    def show(self, computed: dict[str, list]) -> None:
-        self.source.data = computed

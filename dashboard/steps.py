@@ -48,6 +48,3 @@ class StepsTable(Component):
         scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
                  else [""] * len(steps))
         return {**{c: steps[c].tolist() for c in COLUMNS[:-1]}, "scope": list(scope)}
-
-    def show(self, computed: dict[str, list]) -> None:
-        self.source.data = computed

@@ -24,7 +24,9 @@ For each workload it records the wall time and the CPU seconds (user +
 system, from :func:`psutil.Process.cpu_times`) the scheduler process and the
 worker processes spent from just before it was submitted until the cluster
 was idle again with every event Crux recorded applied (the other
-configurations make the same round trips).  It prints the medians over the
+configurations make the same round trips), and apart from them the CPU seconds
+of the processes the scheduler started: Crux's graph process, which builds the
+graph, and the fork server it is forked from.  It prints the medians over the
 rounds and their ratios to ``none``, the same ratios for the least CPU any
 round took (what a configuration costs at least: CPU time grows when other
 processes share the cores), and the ratio of each round to the ``none`` run of
@@ -233,14 +235,21 @@ class Cluster:
         self.scheduler_process = psutil.Process(pid)
         self.worker_processes = [psutil.Process(p) for p in worker_pids]
 
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds (user + system) so far: the scheduler's, and all workers' together."""
+    def cpu(self) -> tuple[float, float, float]:
+        """CPU seconds (user + system) so far: the scheduler's, all workers' together, and
+        the processes the scheduler started (Crux's graph process, and the fork server
+        it comes from)."""
         def seconds(process: psutil.Process) -> float:
-            times = process.cpu_times()
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                return 0.0
             return times.user + times.system
 
+        helpers = self.scheduler_process.children(recursive=True)
         return (seconds(self.scheduler_process),
-                sum(seconds(p) for p in self.worker_processes))
+                sum(seconds(p) for p in self.worker_processes),
+                sum(seconds(p) for p in helpers))
 
     def settle(self) -> None:
         """Wait until the scheduler holds no task and every event Crux recorded is applied.
@@ -265,14 +274,14 @@ class Cluster:
     def measure(self, work: Callable[[Client], None]) -> dict[str, float]:
         """Wall time and CPU seconds of the scheduler and of the workers for ``work``."""
         self.settle()
-        scheduler_before, workers_before = self.cpu()
+        before = self.cpu()
         started = time.perf_counter()
         work(self.client)
         wall = time.perf_counter() - started
         self.settle()
-        scheduler_after, workers_after = self.cpu()
-        return {"wall": wall, "scheduler": scheduler_after - scheduler_before,
-                "workers": workers_after - workers_before}
+        after = self.cpu()
+        return {"wall": wall, "scheduler": after[0] - before[0],
+                "workers": after[1] - before[1], "helpers": after[2] - before[2]}
 
     def crux_stats(self) -> dict[str, Any]:
         import crux_dask
@@ -376,16 +385,17 @@ def report(args: argparse.Namespace, results: dict) -> None:
                                     "from the workers' and the scheduler's hooks)"
                                     if events else ""))
         print(f"  {'config':<12} {'wall s':>8} {'sched CPU s':>12} {'workers CPU s':>14} "
-              f"{'wall/none':>10} {'sched/none':>11} {'workers/none':>13}")
-        medians = {c: {m: statistics.median(r[m] for r in results[name][c])
-                       for m in ("wall", "scheduler", "workers")}
+              f"{'wall/none':>10} {'sched/none':>11} {'workers/none':>13} "
+              f"{'graph process CPU s':>20}")
+        medians = {c: {m: statistics.median(r.get(m, 0.0) for r in results[name][c])
+                       for m in ("wall", "scheduler", "workers", "helpers")}
                    for c in results[name] if c in CONFIGS or c == "crux-other"}
         base = medians["none"]
         for config, m in medians.items():
             print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
                   f"{m['workers']:>14.2f} {m['wall'] / base['wall']:>10.3f} "
                   f"{m['scheduler'] / base['scheduler']:>11.3f} "
-                  f"{m['workers'] / base['workers']:>13.3f}")
+                  f"{m['workers'] / base['workers']:>13.3f} {m['helpers']:>20.2f}")
         minima = {c: {m: min(r[m] for r in results[name][c]) for m in ("scheduler", "workers")}
                   for c in medians}
         low = minima["none"]
@@ -402,10 +412,12 @@ def report(args: argparse.Namespace, results: dict) -> None:
         if "crux" in medians:
             crux = medians["crux"]
             applying = statistics.median(results[name]["applying"])
-            print(f"  crux's own account: applying events took {applying:.3f} CPU s of the "
-                  f"scheduler ({applying / crux['scheduler']:.1%} of its CPU); events that "
+            where = ("its graph process" if crux["helpers"] else
+                     f"the scheduler ({applying / crux['scheduler']:.1%} of its CPU)")
+            print(f"  crux's own account: applying events took {applying:.3f} CPU s of "
+                  f"{where}; events that "
                   f"waited for a late report {statistics.median(results[name]['waited']):,.0f}"
-                  f"; longest slice of the event loop "
+                  f"; longest stretch of the scheduler's event loop "
                   f"{max(results[name]['longest_slice']) * 1000:.1f} ms")
             if "crux-other" in medians:
                 pairs = [(r["scheduler"] / o["scheduler"], r["workers"] / o["workers"])

@@ -128,20 +128,24 @@ class StatesHandler(CruxHandler):
     def get(self) -> None:
         self.respond(self._states)
 
-    def post(self) -> None:
+    async def post(self) -> None:
         """An external application's new data (an APPEND from the run's root)."""
-        self.write_state("APPEND", external=False)
+        await self.write_state("APPEND", external=False)
 
-    def write_state(self, kind: str, external: bool = True) -> None:
+    async def write_state(self, kind: str, external: bool = True) -> None:
         body = self.authorised_body()
         if body is None:
             return
         try:
             fields = _check_body(body, kind, sources=external)
             try:
-                state = self.plugin.add_external(kind, **fields)
+                state = await self.plugin.add_external(kind, **fields)
             except ValueError as error:
                 raise BadParameter("src", str(error)) from None
+            except RuntimeError as error:  # the graph is not being recorded any more
+                self.plugin.count_http_write(accepted=False)
+                self.fail(503, str(error))
+                return
         except BadParameter as error:
             self.plugin.count_http_write(accepted=False)
             self.fail(404 if error.parameter == "src" and "no state" in str(error) else 400,
@@ -246,7 +250,7 @@ class MutationWriteHandler(StatesHandler):
     def get(self, kind: str) -> None:
         self.fail(405, "use POST to add a mutation; GET /mutations lists them")
 
-    def post(self, kind: str) -> None:
+    async def post(self, kind: str) -> None:
         from crux_dask.model import MutationKind
 
         try:
@@ -254,7 +258,7 @@ class MutationWriteHandler(StatesHandler):
         except ValueError as error:
             self.fail(404, str(error), "kind")
             return
-        self.write_state(kind.upper(), external=kind.upper() != "APPEND")
+        await self.write_state(kind.upper(), external=kind.upper() != "APPEND")
 
 
 def _check_body(body: dict, kind: str, sources: bool) -> dict:

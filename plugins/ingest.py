@@ -2,7 +2,9 @@
 
 Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`: tuples
 in the builder's form, tasks as the transition hook recorded them
-(:mod:`crux_dask.plugins.tasks`), lost workers, and the workers' batches.  The
+(:mod:`crux_dask.plugins.tasks`), graphs that reached the scheduler, lost
+workers, and the workers' batches.  The same queue entries feed an ingest in a
+process of its own (:mod:`crux_dask.plugins.graph_process`).  The
 graph grows from the queue in slices of a few milliseconds each (at most
 ``slice_events`` events, fewer while events are slow to apply), each followed
 by a turn of the event loop: from the periodic callback, from a
@@ -14,6 +16,7 @@ the dashboard read what is applied so far.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tornado.ioloop import IOLoop
 
-from crux_dask.codec import BatchError, decode_batch
+from crux_dask.codec import Batch, BatchError, decode_batch
 from crux_dask.columns import EventColumns
 from crux_dask.plugins.tasks import TASK, task_events
 
@@ -32,10 +35,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest"]
+__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest"]
 
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
+#: First field of a ``(GRAPH, number, time, label)`` entry of another process's
+#: queue: a graph reached the scheduler; its root is made as the entry is taken,
+#: and the tasks of the graph name it by number.
+GRAPH = "graph"
 #: The most events applied in one slice: enough for the builder to apply
 #: routine events in windows (about a microsecond each).
 SLICE_EVENTS = 2048
@@ -94,6 +101,8 @@ class Ingest:
         Events the next slice may apply.
     last_error : str or None
         The last event refused or hook failure.
+    roots : dict of int to int
+        The root state of each graph, by the number :meth:`root` gave it.
     """
 
     def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
@@ -115,6 +124,8 @@ class Ingest:
         self.slice_seconds = slice_seconds
         self.limit = slice_events if slice_seconds is None else min(slice_events, 4 * SLICE_MIN)
         self.last_error: str | None = None
+        self.roots: dict[int, int] = {}
+        self._graphs = itertools.count()
         self._soon = False  # a callback that applies the next slice is scheduled
 
     @property
@@ -139,27 +150,40 @@ class Ingest:
             ``{"status": "OK", "accepted": n}``, or ``{"status": "rejected",
             "error": ...}`` for a malformed batch (nothing of it is queued).
         """
-        self.counts["batches_received"] += 1
         started = time.thread_time()
-        try:
-            decoded = decode_batch(batch)
-        except BatchError as error:
-            self.counts["batches_rejected"] += 1
-            self.last_error = f"batch rejected: {error}"
-            logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
-            return {"status": "rejected", "error": str(error)}
-        if decoded.columns is not None:
-            self.queue.append(decoded.columns)
-            self.counts["batches_in_columns"] += 1
-        else:
-            self.queue.extend(decoded.rows)
-        n = len(decoded)
-        self.pending += n
-        self.counts["events_from_workers"] += n
+        decoded = check_batch(self, batch, kwargs.get("source"))
+        if isinstance(decoded, dict):
+            return decoded
+        self.queue_batch(decoded)
         self.seconds["receive"] += time.thread_time() - started
         if self.pending >= self.max_pending:
             self.apply_soon()
-        return {"status": "OK", "accepted": n}
+        return {"status": "OK", "accepted": len(decoded)}
+
+    def queue_batch(self, decoded: Batch) -> None:
+        """Queue a worker's batch, checked: in columns if it came so, else its rows."""
+        if decoded.columns is not None:
+            self.queue.append(decoded.columns)
+        else:
+            self.queue.extend(decoded.rows)
+        self.pending += len(decoded)
+
+    def take(self, entries: list) -> None:
+        """Queue what another process recorded, in order: queue entries, and the
+        workers' batches as received (bytes, checked there already)."""
+        for entry in entries:
+            if isinstance(entry, tuple):
+                if entry[0] == GRAPH:  # made now, as :meth:`root` does
+                    self.roots[entry[1]] = self.builder.root(entry[2], entry[3])
+                    self.counts["events_applied"] += 1
+                    continue
+                self.queue.append(entry)
+                self.pending += 1
+            else:
+                try:
+                    self.queue_batch(decode_batch(entry))
+                except BatchError as error:  # checked before: only a bug gets here
+                    self.failed("batch", error)
 
     def apply_soon(self) -> None:
         """Schedule slices on the running event loop until the queue is empty (once)."""
@@ -177,8 +201,11 @@ class Ingest:
 
     # -- applying -----------------------------------------------------------------
     def root(self, time: float, label: str) -> int:
-        """A root state now (a graph reached the scheduler); returns its id."""
-        return self.builder.root(time, label)
+        """The root state of a graph that reached the scheduler, made now (it needs
+        nothing); the number the graph's tasks name it by."""
+        number = next(self._graphs)
+        self.roots[number] = self.builder.root(time, label)
+        return number
 
     def add_external(self, kind: str, **fields: Any) -> int:
         """Apply one mutation reported from outside Dask, on the graph applied so far.
@@ -209,7 +236,7 @@ class Ingest:
         while (self.taken < target and self.queue) or self.backlog:
             self.apply_slice()
             await asyncio.sleep(0)
-        self._resolve(None)
+        self.resolve(None)
 
     def apply_slice(self) -> int:
         """Apply the oldest queued events, at most :attr:`limit` of them.
@@ -251,9 +278,9 @@ class Ingest:
                         parts.append(EventColumns.from_events(events))
                         events = []
                     parts.append(item)
-                elif item[0] is TASK:
+                elif item[0] == TASK:
                     try:
-                        unfolded = task_events(item)
+                        unfolded = task_events(item, self.roots)
                     except Exception as error:
                         refuse(item, error)
                     else:
@@ -292,7 +319,7 @@ class Ingest:
             if self.queue or self.backlog:
                 self.apply_soon()
             else:
-                self._resolve(time.monotonic() - self.park_timeout)
+                self.resolve(time.monotonic() - self.park_timeout)
         except Exception as error:
             self.failed("apply", error)
 
@@ -317,7 +344,7 @@ class Ingest:
             columns = columns.take(order)
         self.builder.apply_columns(columns, now, on_error=refuse)
 
-    def _resolve(self, older_than: float | None) -> None:
+    def resolve(self, older_than: float | None) -> None:
         """Give waiting events a stand-in: those waiting since before ``older_than``, or all."""
         started = time.perf_counter(), time.thread_time()
         self.builder.resolve_parked(older_than)
@@ -349,3 +376,19 @@ def _when(event: tuple) -> float:
         return event[3] if event[0] == "delete" else event[5]
     except (IndexError, TypeError):
         return float("-inf")
+
+
+def check_batch(receiver: Any, batch: Any, source: Any) -> Batch | dict[str, Any]:
+    """A worker's batch decoded and checked, counted in ``receiver.counts``; the
+    reply to a batch rejected (the reason is ``receiver.last_error``)."""
+    receiver.counts["batches_received"] += 1
+    try:
+        decoded = decode_batch(batch)
+    except BatchError as error:
+        receiver.counts["batches_rejected"] += 1
+        receiver.last_error = f"batch rejected: {error}"
+        logger.debug("Crux rejected a batch from %s: %s", source, error)
+        return {"status": "rejected", "error": str(error)}
+    receiver.counts["batches_in_columns"] += decoded.columns is not None
+    receiver.counts["events_from_workers"] += len(decoded)
+    return decoded

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import time
 import uuid
 from collections import OrderedDict
@@ -21,6 +22,7 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
+from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
@@ -61,8 +63,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Attributes
     ----------
-    ingest : Ingest
-        The queue of received events and what applies them (once started).
+    ingest : GraphProcess or Ingest
+        The queue of received events, and what applies them in a process of
+        its own (``crux-dask.graph-process``) or in the scheduler's (once started).
     spool : Spool
         The segments of the graph written to disk (once started).
     http_token : str or None
@@ -107,14 +110,26 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.max_states: int | None = max_states
         self.spool_dir: str | None = config.get("spool-dir")
         self.record_transitions = bool(config.get("capture.transitions"))
+        self.graph_process = config.get("graph-process")
+        if not isinstance(self.graph_process, bool):
+            raise ValueError(f"crux-dask.graph-process must be true or false, "
+                             f"got {self.graph_process!r}")
         self.scheduler: Scheduler | None = None
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.spool = Spool(self.max_states, self.spool_dir)
-        self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
-                             park_timeout=self.park_timeout)
+        if (self.graph_process and not multiprocessing.current_process().daemon
+                and "forkserver" in multiprocessing.get_all_start_methods()):
+            self.ingest = GraphProcess(self.spool, {
+                "max_pending": self.max_pending_events, "park_timeout": self.park_timeout,
+                "max_states": self.max_states, "spool_dir": self.spool_dir,
+                "apply_interval": self.apply_interval})
+            self.ingest.start()
+        else:  # a daemonic process has no children; a fork server is for Unix
+            self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
+                                 park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
         # Tasks on their way to or on a worker: key -> (when sent, who freed its queue
         # slot[, when first sent, for a task taken back from a worker and sent again]).
@@ -148,6 +163,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             callback.stop()
         if self.scheduler is not None:
             self.scheduler.periodic_callbacks.pop("crux-apply", None)
+        if isinstance(getattr(self, "ingest", None), GraphProcess):
+            await self.ingest.close()
         if getattr(self, "spool", None) is not None:
             self.spool.close()
 
@@ -232,13 +249,16 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 "http_accepted": self.http_writes["accepted"],
                 "http_rejected": self.http_writes["rejected"]}
 
-    def add_external(self, kind: str, **fields: Any) -> int:
+    async def add_external(self, kind: str, **fields: Any) -> int:
         """Add a mutation reported by an application outside Dask; return the new state's id.
 
         Applied at once, on the graph applied so far, as
         :meth:`crux_dask.build.PAGBuilder.external` does (``ValueError`` for
-        an unknown source state or kind).
+        an unknown source state or kind); the state is in :attr:`builder`
+        when this returns.
         """
+        if isinstance(self.ingest, GraphProcess):
+            return await self.ingest.add_external(kind, **fields)
         return self.ingest.add_external(kind, **fields)
 
     def count_http_write(self, accepted: bool) -> None:
@@ -307,12 +327,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """Counts of what was received, applied and rejected, and the graph's size."""
         builder = self.builder
         ingest = self.ingest
+        remote = isinstance(ingest, GraphProcess)
         return {
             **self.counts,
             "seconds_receiving": ingest.seconds["receive"],
             "seconds_applying": ingest.seconds["apply"],
             "longest_slice_seconds": ingest.seconds["longest_slice"],
-            "events_pending": ingest.pending,
+            "events_pending": ingest.pending + (ingest.remote["pending"] if remote else 0),
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,
@@ -330,4 +351,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,
             "last_error": ingest.last_error,
+            "graph_process": {"pid": ingest.remote["pid"], "alive": ingest.alive,
+                              "cpu_seconds": ingest.remote["cpu_seconds"]} if remote else None,
         }

@@ -44,6 +44,8 @@ class Spool:
         States written to the spool so far.
     n_lost : int
         Copies the spooled segments released because their worker was lost.
+    last_end : int
+        The end state of the last segment spooled (``-1`` before any).
     """
 
     def __init__(self, max_states: int | None, directory: str | None) -> None:
@@ -51,6 +53,7 @@ class Spool:
         self.directory = directory
         self.n_states = 0
         self.n_lost = 0
+        self.last_end = -1
         self._segments: list[tuple[str, concurrent.futures.Future]] = []
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -85,11 +88,29 @@ class Spool:
                                                             pag)))
         self.n_states += builder.store.n_states
         self.n_lost += builder.n_lost
+        self.last_end = builder.end
         following = PAGBuilder()
         following.continue_from(builder, time.time())
         logger.info("Crux spooled %d states to %s; the live graph now holds only what "
                     "came after", builder.store.n_states, self.directory)
         return following
+
+    def wait_last(self) -> tuple[str, str, int, int]:
+        """Wait until the last segment is written; what :meth:`written` takes of it.
+
+        Raises what writing it raised.
+        """
+        run_id, write = self._segments[-1]
+        write.result()
+        return run_id, self.directory, self.n_states, self.n_lost
+
+    def written(self, run_id: str, directory: str, n_states: int, n_lost: int) -> None:
+        """Take note of a segment another process wrote (:meth:`wait_last`), to read it
+        back here; ``n_states`` and ``n_lost`` are that spool's totals."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(None)
+        self._segments.append((run_id, done))
+        self.directory, self.n_states, self.n_lost = directory, n_states, n_lost
 
     def read(self, run_id: str) -> concurrent.futures.Future[PAG]:
         """Read the spooled segment ``run_id`` back, in the spool thread.

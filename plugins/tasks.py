@@ -9,7 +9,7 @@ and wrote and the shards it split its data into.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crux_dask.model import file_location
@@ -33,11 +33,14 @@ _GENERATION_SCALE = 2.0**20
 #: plugin leaves the task's moments (``[received, runnable]``), the files it
 #: opened (``[io, host, [[path, written, size], ...]]``) and the shards of a
 #: P2P transfer task (``[split time, [[destination, bytes], ...]]``).
-TASK = object()
+TASK = "task"
 
 
-def task_events(item: Sequence[Any]) -> list[tuple]:
+def task_events(item: Sequence[Any], roots: Mapping[int, int] | None = None) -> list[tuple]:
     """The builder's events of a :data:`TASK` entry of the queue.
+
+    ``roots`` maps the entry's ``root`` (a number the scheduler gave its
+    graph) to the root state; without it, ``root`` is the state.
 
     The task's ``compute`` event: start and stop come from the task's
     ``compute`` interval, kind, label, location and reads from its ``crux``
@@ -53,6 +56,8 @@ def task_events(item: Sequence[Any]) -> list[tuple]:
     """
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
      annotation, root, sent, priority, metadata) = item
+    if roots is not None:
+        root = roots.get(root, -1)
     if isinstance(metadata, dict):
         moments, files, shards = (metadata.get(MOMENTS), metadata.get(FILES),
                                   metadata.get(SHARDS))

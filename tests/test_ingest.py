@@ -23,6 +23,8 @@ from crux_dask.plugins.tasks import TASK
 
 TOKEN = "s3cret-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
+#: The graph built in the scheduler's process, where a hook could apply events.
+IN_SCHEDULER = {"crux-dask.graph-process": False}
 
 
 def new_ingest(slice_events: int, max_pending: int = 1_000_000) -> Ingest:
@@ -212,7 +214,7 @@ class ProbeAfter(SchedulerPlugin):
 
 
 @gen_cluster(client=True, config={"crux-dask.max-pending-events": 1,
-                                  "crux-dask.apply-interval": "1h"})
+                                  "crux-dask.apply-interval": "1h", **IN_SCHEDULER})
 async def test_scheduler_hooks_never_apply_even_past_max_pending(c, s, a, b):
     before = ProbeBefore(s)
     s.add_plugin(before)
@@ -246,7 +248,8 @@ async def test_scheduler_hooks_never_apply_even_past_max_pending(c, s, a, b):
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD,
-             config={"crux-dask.apply-interval": "1h", "crux-dask.http.token": TOKEN})
+             config={"crux-dask.apply-interval": "1h", "crux-dask.http.token": TOKEN,
+                     **IN_SCHEDULER})
 async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a, b):
     await crux_dask.attach(c)
     crux = s.plugins["crux"]

@@ -1,0 +1,480 @@
+"""The graph built in a process of its own, fed by the scheduler.
+
+Turning events into states costs the scheduler's process 5-10 microseconds an
+event, several per cent of its CPU on graphs of small tasks.  Here the hooks
+and the workers' RPC handler record as they would for an ingest in the
+scheduler (the same queue entries, see :mod:`crux_dask.plugins.ingest`), and
+every ``crux-dask.apply-interval`` a thread of the plugin sends what was
+recorded, pickled, to a process that applies it with an ingest of its own.
+Workers' batches are checked on the scheduler, so that a worker learns at once
+that one was rejected, and forwarded as they came.
+
+The process sends back the rows it added to the graph's columns and string
+tables.  :class:`GraphMirror` appends them to a store of its own on the
+scheduler's event loop: the dashboard, the client API and the export read it
+as they would read the builder's store, and the event loop spends on the graph
+only those appends.  A spooled segment is announced once it is written.
+
+If the process dies, what it sent stays readable; events recorded afterwards
+are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+import uuid
+from array import array
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from crux_dask.plugins.ingest import GRAPH, check_batch
+from crux_dask.store import PAGStore, StringTable
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from crux_dask.plugins.spool import Spool
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GraphMirror", "GraphProcess", "serve"]
+
+#: Seconds between two sends of the columns the process added, while it applies.
+SHIP_INTERVAL = 0.05
+#: Queue entries per message to the process: pickling one holds the scheduler's
+#: interpreter for about a microsecond an entry.
+MESSAGE_ENTRIES = 2048
+#: Events the process applies between two looks at what the scheduler sent.
+PROCESS_SLICE = 4096
+#: What the process does not know and the scheduler does count.
+_SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
+                     "events_from_workers", "hook_errors", "events_dropped")
+
+
+class GraphMirror:
+    """The graph as the process last sent it: what readers of the builder read.
+
+    Attributes
+    ----------
+    store : PAGStore
+        The columns received so far, of the segment being recorded.
+    end : int
+        The graph's end state (``-1`` while there is none).
+    n_applied, n_parked, n_parked_total, n_fallbacks, n_lost : int
+        The builder's counts, as last sent.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.store = PAGStore(run_id)
+        self.end = -1
+        self.n_applied = self.n_parked = self.n_parked_total = self.n_fallbacks = 0
+        self.n_lost = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    def extend(self, run_id: str, rows: dict[str, Any], summary: dict[str, Any]) -> None:
+        """Append ``rows`` (column or table name: bytes or strings) of segment ``run_id``.
+
+        A new segment (the one before was spooled) starts a new store.
+        """
+        store = self.store
+        if run_id != store.run_id:
+            store = self.store = PAGStore(run_id)
+        for name, part in rows.items():
+            column = getattr(store, name)
+            if isinstance(column, array):
+                column.frombytes(part)
+            else:
+                _extend_table(column, *part)
+        self.end = summary["end"]
+        for name in ("n_applied", "n_parked", "n_parked_total", "n_fallbacks", "n_lost"):
+            setattr(self, name, summary[name])
+
+
+def _extend_table(table: StringTable, values: list[str], coded: bool) -> None:
+    """Append strings to a table; look them up by value too if the builder does."""
+    start = len(table.values)
+    table.values += values
+    if coded:
+        table.codes.update(zip(values, range(start, start + len(values))))
+
+
+class GraphProcess:
+    """The scheduler's side: records like an ingest, applies in another process.
+
+    Parameters
+    ----------
+    spool : Spool
+        Where the scheduler reads spooled segments from (the process writes them).
+    settings : dict
+        What the process's ingest and spool are made with: ``max_pending``,
+        ``park_timeout``, ``max_states``, ``spool_dir``, ``apply_interval``.
+
+    Attributes
+    ----------
+    queue : collections.deque
+        What the hooks recorded and batches received since the last send.
+    pending : int
+        Entries in :attr:`queue`.
+    builder : GraphMirror
+        The graph the process sent back.
+    counts, seconds : dict
+        As :class:`~crux_dask.plugins.ingest.Ingest`'s, the scheduler's and the
+        process's together; ``seconds["longest_slice"]`` is the longest stretch
+        the scheduler's event loop spent appending what the process sent.
+    """
+
+    def __init__(self, spool: Spool, settings: dict[str, Any]) -> None:
+        self.spool = spool
+        self.settings = {**settings, "run_id": uuid.uuid4().hex}
+        self.max_pending: int = settings["max_pending"]
+        self.queue: deque = deque()
+        self.pending = 0
+        self.sent = 0
+        self.builder = GraphMirror(self.settings["run_id"])
+        self.counts = dict.fromkeys((*_SCHEDULER_COUNTS, "events_applied", "events_failed"), 0)
+        self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
+        self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
+        self.last_error: str | None = None
+        self.alive = True
+        self._graphs = itertools.count()
+        self._requests = itertools.count()
+        self._answers: dict[int, asyncio.Future] = {}
+        self._outgoing: deque = deque()
+        self._wake = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._process: Any = None
+        self._writer = threading.Thread(target=self._write, name="crux-graph-writer",
+                                        daemon=True)
+        self._reader: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the process (from the writer thread: the first start of a fork
+        server takes a while) and the threads that talk to it."""
+        self._loop = asyncio.get_running_loop()
+        self._writer.start()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop the process and both threads, waiting at most ``timeout`` seconds."""
+        self._post(("close",))
+        deadline = time.monotonic() + timeout
+        threads = [t for t in (self._writer, self._reader) if t is not None]
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+        if process is not None:
+            process.join(1)
+        self._fail_answers("Crux's graph process is closed")
+
+    # -- recording: the scheduler's hooks and handler --------------------------
+    @property
+    def received(self) -> int:
+        """Entries recorded since the start (sent or in :attr:`queue`)."""
+        return self.sent + self.pending
+
+    def record(self, entry: tuple) -> None:
+        """Queue one entry."""
+        self.queue.append(entry)
+        self.pending += 1
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+
+    def root(self, time: float, label: str) -> int:
+        """Queue a graph that reached the scheduler; the number its tasks name it by."""
+        number = next(self._graphs)
+        self.record((GRAPH, number, time, label))
+        return number
+
+    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the workers' batches: check, queue as received; never raises."""
+        started = time.thread_time()
+        decoded = check_batch(self, batch, kwargs.get("source"))
+        if isinstance(decoded, dict):
+            return decoded
+        self.queue.append(bytes(batch))
+        self.pending += len(decoded)
+        self.seconds["receive"] += time.thread_time() - started
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+        return {"status": "OK", "accepted": len(decoded)}
+
+    def failed(self, where: str, error: Exception) -> None:
+        """Count a hook that raised; log the first one."""
+        self.counts["hook_errors"] += 1
+        if self.counts["hook_errors"] == 1:
+            logger.warning("Crux %s hook failed (further failures are only counted): %r",
+                           where, error)
+        self.last_error = f"{where}: {type(error).__name__}: {error}"
+
+    def apply_soon(self) -> None:
+        """Send what was recorded now."""
+        self.tick()
+
+    def tick(self) -> None:
+        """The periodic callback: send what was recorded since the last call."""
+        if not self.queue:
+            return
+        entries, self.queue = list(self.queue), deque()
+        self.sent += self.pending
+        if self.alive:  # in pieces: the writer holds the interpreter while it pickles one
+            for start in range(0, len(entries), MESSAGE_ENTRIES):
+                self._post(("entries", entries[start:start + MESSAGE_ENTRIES]))
+        else:
+            self.counts["events_dropped"] += self.pending
+        self.pending = 0
+
+    # -- asking the process ---------------------------------------------------------
+    async def drain(self) -> None:
+        """Wait until every entry recorded before the call is applied and sent back,
+        and every waiting event is resolved (at once if the process is gone)."""
+        self.tick()
+        if self.alive:
+            with contextlib.suppress(RuntimeError):  # gone since: what it sent is all there is
+                await self._ask("drain")
+
+    async def add_external(self, kind: str, **fields: Any) -> int:
+        """Apply one mutation reported from outside Dask; the new state's id, once
+        the state is in :attr:`builder`.
+
+        Raises
+        ------
+        ValueError
+            If a source state does not exist or the kind is unknown.
+        """
+        self.tick()  # the roots recorded go first
+        return await self._ask("external", kind, fields)
+
+    def _ask(self, *question: Any) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            future.set_exception(RuntimeError("Crux's graph process is gone"))
+            return future
+        number = next(self._requests)
+        self._answers[number] = future
+        self._post((question[0], number, *question[1:]))
+        return future
+
+    def _fail_answers(self, reason: str) -> None:
+        answers, self._answers = self._answers, {}
+        for future in answers.values():
+            if not future.done():
+                future.set_exception(RuntimeError(reason))
+
+    # -- threads ---------------------------------------------------------------------
+    def _post(self, message: tuple) -> None:
+        with self._wake:
+            self._outgoing.append(message)
+            self._wake.notify()
+
+    def _write(self) -> None:
+        """Start the process, then send what is posted until ``close``."""
+        try:
+            self._spawn()
+        except Exception as error:
+            logger.error("Crux could not start its graph process: %r", error)
+            self._loop.call_soon_threadsafe(self._lost, f"could not start: {error!r}")
+            return
+        connection = self._connection
+        while True:
+            with self._wake:
+                while not self._outgoing:
+                    self._wake.wait()
+                message = self._outgoing.popleft()
+            try:
+                connection.send(message)
+            except (OSError, ValueError):  # the process is gone: the reader says so
+                return
+            if message[0] == "close":
+                return
+
+    def _spawn(self) -> None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__, "crux_dask.plugins.spool"])
+        here, there = context.Pipe()
+        process = context.Process(target=serve, args=(there, self.settings),
+                                  name="crux-graph", daemon=True)
+        process.start()
+        there.close()
+        self._process, self._connection = process, here
+        self.remote["pid"] = process.pid
+        self._reader = threading.Thread(target=self._read, name="crux-graph-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """Hand what the process sends to the event loop, until it stops."""
+        connection, loop = self._connection, self._loop
+        try:
+            while True:
+                message = connection.recv()
+                loop.call_soon_threadsafe(self._on_message, message)
+                if message[0] == "closed":
+                    break
+        except (EOFError, OSError):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._lost, "it exited")
+        except RuntimeError:  # the loop closed under us
+            pass
+        finally:
+            connection.close()
+
+    # -- on the event loop ---------------------------------------------------------
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "rows":
+            started = time.perf_counter()
+            _, run_id, rows, summary = message
+            self.builder.extend(run_id, rows, summary)
+            for name in ("events_applied", "events_failed"):
+                self.counts[name] = summary["counts"][name]
+            self.seconds["apply"] = summary["apply_seconds"]
+            self.remote.update(pending=summary["pending"], cpu_seconds=summary["cpu_seconds"])
+            if summary["last_error"] is not None:
+                self.last_error = summary["last_error"]
+            self.seconds["longest_slice"] = max(self.seconds["longest_slice"],
+                                                time.perf_counter() - started)
+        elif kind == "spooled":
+            self.spool.written(*message[1:])
+        elif kind == "answer":
+            _, number, value, error = message
+            future = self._answers.pop(number, None)
+            if future is not None and not future.done():
+                if error is None:
+                    future.set_result(value)
+                else:
+                    future.set_exception(ValueError(error))
+
+    def _lost(self, why: str) -> None:
+        if self.alive:
+            self.alive = False
+            self.last_error = f"graph process lost: {why}"
+            logger.error("Crux's graph process is gone (%s): the graph recorded so far "
+                         "stays readable, and later events are counted as dropped", why)
+        self._fail_answers(f"Crux's graph process is gone ({why})")
+
+
+# -- the process ---------------------------------------------------------------------
+def serve(connection: Connection, settings: dict[str, Any]) -> None:
+    """Apply what the scheduler sends, send back what the graph grew by, until ``close``
+    or until the scheduler is gone."""
+    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.plugins.ingest import Ingest
+    from crux_dask.plugins.spool import Spool
+
+    spool = Spool(settings["max_states"], settings["spool_dir"])
+    ingest = Ingest(PAGBuilder(run_id=settings["run_id"]), spool,
+                    max_pending=settings["max_pending"],
+                    park_timeout=settings["park_timeout"], slice_events=PROCESS_SLICE,
+                    slice_seconds=None)
+    shipper = _Shipper(connection, ingest)
+    idle_wait = settings["apply_interval"]
+    try:
+        while True:
+            busy = bool(ingest.queue or ingest.backlog)
+            if connection.poll(0 if busy else idle_wait):
+                message = connection.recv()
+                if message[0] == "close":
+                    break
+                _handle(message, ingest, shipper)
+                continue
+            if busy:
+                ingest.apply_slice()
+                if not (ingest.queue or ingest.backlog):
+                    ingest.resolve(time.monotonic() - ingest.park_timeout)
+                shipper.ship(due=True)
+            else:
+                ingest.resolve(time.monotonic() - ingest.park_timeout)
+                shipper.ship()
+    except (EOFError, OSError, KeyboardInterrupt):  # the scheduler is gone
+        pass
+    finally:
+        spool.close()
+    with contextlib.suppress(OSError, ValueError):
+        connection.send(("closed",))
+
+
+def _handle(message: tuple, ingest: Any, shipper: _Shipper) -> None:
+    kind = message[0]
+    if kind == "entries":
+        ingest.take(message[1])
+    elif kind == "drain":
+        while ingest.queue or ingest.backlog:
+            ingest.apply_slice()
+        ingest.resolve(None)
+        shipper.ship()
+        shipper.answer(message[1], None)
+    elif kind == "external":
+        _, number, mutation, fields = message
+        try:
+            state = ingest.add_external(mutation, **fields)
+        except (ValueError, TypeError) as error:
+            shipper.answer(number, None, str(error))
+        else:
+            shipper.ship()
+            shipper.answer(number, state)
+
+
+class _Shipper:
+    """Sends the rows the process's store grew by, and announces spooled segments."""
+
+    def __init__(self, connection: Connection, ingest: Any) -> None:
+        self.connection = connection
+        self.ingest = ingest
+        self.store = ingest.builder.store
+        self.shipped = dict.fromkeys(self.store.lengths(), 0)
+        self.last = 0.0
+
+    def ship(self, due: bool = False) -> None:
+        """Send what is new, now, or only every :data:`SHIP_INTERVAL` if ``due``."""
+        now = time.monotonic()
+        if due and now - self.last < SHIP_INTERVAL:
+            return
+        self.last = now
+        ingest = self.ingest
+        if ingest.builder.store is not self.store:  # spooled: the rest, then the next
+            self._send_rows(ingest.spool)
+            self.store = ingest.builder.store
+            self.shipped = dict.fromkeys(self.store.lengths(), 0)
+        self._send_rows(None)
+
+    def _send_rows(self, spooled: Spool | None) -> None:
+        store, shipped = self.store, self.shipped
+        lengths = store.lengths()
+        rows: dict[str, Any] = {}
+        for name, length in lengths.items():
+            start = shipped[name]
+            if length > start:
+                value = getattr(store, name)
+                if isinstance(value, array):
+                    rows[name] = value[start:length].tobytes()
+                else:
+                    rows[name] = (value.values[start:length],
+                                  len(value.codes) == len(value.values))
+        self.shipped = lengths
+        ingest, builder = self.ingest, self.ingest.builder
+        summary = {
+            "end": builder.end if spooled is None else spooled.last_end,
+            "n_applied": builder.n_applied, "n_parked": builder.n_parked,
+            "n_parked_total": builder.n_parked_total, "n_fallbacks": builder.n_fallbacks,
+            "n_lost": builder.n_lost, "counts": ingest.counts,
+            "apply_seconds": ingest.seconds["apply"], "pending": ingest.pending,
+            "cpu_seconds": time.process_time(), "last_error": ingest.last_error,
+        }
+        if rows or spooled is None:
+            self.connection.send(("rows", store.run_id, rows, summary))
+        if spooled is not None:
+            self.connection.send(("spooled", *spooled.wait_last()))
+
+    def answer(self, number: int, value: Any, error: str | None = None) -> None:
+        self.connection.send(("answer", number, value, error))

@@ -1,0 +1,105 @@
+"""The graph is built in a process of its own: the same graph, and the scheduler
+keeps what it was sent when that process dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import dask
+import psutil
+from distributed import Client, LocalCluster
+from distributed.utils_test import async_poll_for, gen_cluster, inc
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+import crux_dask
+from crux_dask.plugins.graph_process import GraphProcess
+
+TOKEN = "graph-process-token"
+DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
+
+
+def workflow(client: Client) -> None:
+    """A chain and a fan-in on one worker thread: the same graph whatever the timing."""
+    chain = 0
+    for i in range(15):
+        chain = dask.delayed(inc)(chain, dask_key_name=f"chain-{i}")
+    total = dask.delayed(sum)([dask.delayed(inc)(i, dask_key_name=f"leaf-{i}")
+                               for i in range(10)] + [chain], dask_key_name="total")
+    assert client.compute(total).result() == 15 + 55
+
+
+def shape(pag: crux_dask.PAG) -> tuple[list, list]:
+    """The graph without times and ids: each state's key, label and kind of place, and
+    each mutation's kind between the keys of its ends."""
+    states = pag.states.set_index("state_id")
+    place = states["location"].str.split("@").str[0]
+    vertices = sorted(zip(states["key"], states["label"], place, strict=True))
+    m = pag.mutations
+    edges = sorted(zip(states.loc[m["src"], "key"], states.loc[m["dst"], "key"], m["kind"],
+                       strict=True))
+    return vertices, edges
+
+
+def recorded(graph_process: bool) -> tuple[crux_dask.PAG, dict]:
+    with dask.config.set({"crux-dask.graph-process": graph_process}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        crux_dask.attach(client)
+        workflow(client)
+        pag = crux_dask.get_pag(client)
+        stats = crux_dask.get_stats(client)
+        process = stats["graph_process"]
+        if process is not None:
+            assert psutil.Process(process["pid"]).is_running()
+            assert process["pid"] != os.getpid()
+    if process is not None:  # closing the scheduler stopped it
+        assert not psutil.pid_exists(process["pid"]) or psutil.Process(
+            process["pid"]).status() == psutil.STATUS_ZOMBIE
+    return pag, stats
+
+
+def test_the_graph_process_builds_the_graph_the_scheduler_would():
+    elsewhere, stats = recorded(graph_process=True)
+    here, here_stats = recorded(graph_process=False)
+    assert stats["graph_process"]["alive"] and here_stats["graph_process"] is None
+    assert stats["graph_process"]["cpu_seconds"] > 0
+    assert stats["events_applied"] == stats["events_received"] > 30
+    assert shape(elsewhere) == shape(here)
+    assert elsewhere.wcp().to_frame()["key"].tolist() == here.wcp().to_frame()["key"].tolist()
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.http.token": TOKEN})
+async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
+    await crux_dask.attach(c)
+    crux = s.plugins["crux"]
+    assert isinstance(crux.ingest, GraphProcess)
+    assert await c.submit(inc, 1, key="before") == 2
+    before = await crux_dask.get_pag(c)
+    assert "before" in set(before.states["key"])
+    await async_poll_for(lambda: crux.ingest.remote["pid"] is not None, timeout=10)
+    os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
+    await async_poll_for(lambda: not crux.ingest.alive, timeout=10)
+
+    # The cluster goes on; later events are counted as dropped, never applied.
+    assert await c.submit(inc, 2, key="after") == 3
+    await c.run(crux_dask.plugins.api._flush_worker)
+    after = await asyncio.wait_for(crux_dask.get_pag(c), 10)
+    assert "before" in set(after.states["key"]) and "after" not in set(after.states["key"])
+    stats = await crux_dask.get_stats(c)
+    assert stats["events_dropped"] > 0 and not stats["graph_process"]["alive"]
+    assert "graph process lost" in stats["last_error"]
+
+    # A write cannot be recorded any more, and says so.
+    http = AsyncHTTPClient()
+    try:
+        await http.fetch(f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/states",
+                         method="POST", headers={"Authorization": f"Bearer {TOKEN}"},
+                         body=json.dumps({"key": "ext", "location": "file@h:/ext",
+                                          "time": 1.0}))
+    except HTTPClientError as error:
+        assert error.code == 503
+    else:
+        raise AssertionError("a write was accepted without a graph process")

@@ -434,6 +434,7 @@ class _Shipper:
         self.store = ingest.builder.store
         self.shipped = dict.fromkeys(self.store.lengths(), 0)
         self.last = 0.0
+        self.summary: dict[str, Any] = {}
 
     def ship(self, due: bool = False) -> None:
         """Send what is new, now, or only every :data:`SHIP_INTERVAL` if ``due``."""
@@ -467,12 +468,14 @@ class _Shipper:
             "end": builder.end if spooled is None else spooled.last_end,
             "n_applied": builder.n_applied, "n_parked": builder.n_parked,
             "n_parked_total": builder.n_parked_total, "n_fallbacks": builder.n_fallbacks,
-            "n_lost": builder.n_lost, "counts": ingest.counts,
-            "apply_seconds": ingest.seconds["apply"], "pending": ingest.pending,
-            "cpu_seconds": time.process_time(), "last_error": ingest.last_error,
+            "n_lost": builder.n_lost, "counts": dict(ingest.counts),
+            "pending": ingest.pending, "last_error": ingest.last_error,
         }
-        if rows or spooled is None:
-            self.connection.send(("rows", store.run_id, rows, summary))
+        if rows or summary != self.summary:  # nothing new: nothing sent
+            self.summary = summary
+            self.connection.send(("rows", store.run_id, rows, {
+                **summary, "apply_seconds": ingest.seconds["apply"],
+                "cpu_seconds": time.process_time()}))
         if spooled is not None:
             self.connection.send(("spooled", *spooled.wait_last()))
 

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tornado import web
-from tornado.ioloop import IOLoop
 
-from crux_dask.plugins.scopes import group_of
-from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
+from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
+from crux_dask.scopes import select
 from crux_dask.wcp import METHODS
 
 if TYPE_CHECKING:
@@ -305,23 +304,27 @@ def _check_body(body: dict, kind: str, sources: bool) -> dict:
 
 class WCPHandler(CruxHandler):
     async def get(self) -> None:
-        if self.get_argument("computation", None) is None and self.get_argument(
-                "span", None) is None:
-            self.respond(self._wcp)
-            return
-        try:  # one computation or span: computed off the event loop, on a copy
+        whole = self.get_argument("computation", None) is None and self.get_argument(
+            "span", None) is None
+        try:  # computed off the event loop
             method = self.method()
-            scope = select(self.plugin.scopes(), self.number("computation", int),
-                           self.get_argument("span", None))
+            if whole:
+                start, end = self.state("start"), self.state("end")
+                try:
+                    path = await self.plugin.analyse(path_of_graph, start, end, method)
+                except ValueError as error:
+                    raise BadParameter("start" if start is not None else "end",
+                                       str(error)) from None
+            else:
+                scope = select(self.plugin.scopes(), self.number("computation", int),
+                               self.get_argument("span", None))
+                path = await self.plugin.analyse(path_of_scope, scope, method)
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
             return
         except ValueError as error:
             self.fail(400, str(error), "span" if "span" in str(error) else "computation")
             return
-        store, _ = await self.plugin.snapshot()
-        path = await IOLoop.current().run_in_executor(None, lambda: scope_path(
-            store, scope, key_groups(store, group_of), method))
         self.finish(json.dumps(_path(method, path), default=_plain))
 
     def method(self) -> str:
@@ -331,18 +334,6 @@ class WCPHandler(CruxHandler):
                                          f"got {method!r}")
         return method
 
-    def _wcp(self) -> dict:
-        method = self.method()
-        start, end = self.state("start"), self.state("end")
-        builder = self.plugin.builder
-        from crux_dask.wcp import critical_path
-
-        try:
-            path = critical_path(builder.store, start, end, method, default_end=builder.end)
-        except ValueError as error:
-            raise BadParameter("start" if start is not None else "end", str(error)) from None
-        return _path(method, path)
-
 
 def _path(method: str, path: CriticalPath) -> dict:
     return {"method": method, "length": path.length, "breakdown": path.breakdown,
@@ -351,10 +342,7 @@ def _path(method: str, path: CriticalPath) -> dict:
 
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
-        scopes = self.plugin.scopes()
-        store, _ = await self.plugin.snapshot()
-        table = await IOLoop.current().run_in_executor(None, lambda: scopes_frame(
-            store, scopes, key_groups(store, group_of)))
+        table = await self.plugin.analyse(scopes_table, self.plugin.scopes())
         self.finish(json.dumps({"computations": _records(table)}, default=_plain))
 
 

@@ -16,12 +16,11 @@ import distributed
 import crux_dask
 from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
-from crux_dask.plugins.scopes import group_of
+from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import write_dataset
-from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
+from crux_dask.scopes import select
 from crux_dask.store import PAGStore
-from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -203,28 +202,19 @@ async def _drain_on_scheduler(dask_scheduler: Any) -> None:
 
 async def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
                             method: str) -> CriticalPath:
-    store, last = await _plugin(dask_scheduler).snapshot()
-    return await asyncio.get_running_loop().run_in_executor(
-        None, lambda: critical_path(store, start, end, method, default_end=last))
+    return await _plugin(dask_scheduler).analyse(path_of_graph, start, end, method)
 
 
 async def _computations_on_scheduler(dask_scheduler: Any) -> Any:
     plugin = _plugin(dask_scheduler)
-    scopes = plugin.scopes()
-    store, _ = await plugin.snapshot()
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, lambda: scopes_frame(
-        store, scopes, key_groups(store, group_of)))
+    return await plugin.analyse(scopes_table, plugin.scopes())
 
 
 async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation: int | None,
                                   span: str | None) -> CriticalPath:
     plugin = _plugin(dask_scheduler)
-    scope = select(plugin.scopes(), computation, span)
-    store, _ = await plugin.snapshot()
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, lambda: scope_path(
-        store, scope, key_groups(store, group_of), method))
+    return await plugin.analyse(path_of_scope, select(plugin.scopes(), computation, span),
+                                method)
 
 
 async def _fetch_staged(client: Client, stage: Any) -> tuple[tuple, list[PAGStore]]:

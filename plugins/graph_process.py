@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import logging
 import multiprocessing
+import os
+import pickle
 import threading
 import time
 import uuid
 from array import array
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.plugins.ingest import GRAPH, check_batch
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphMirror", "GraphProcess", "serve"]
+__all__ = ["GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
 
 #: Seconds between two sends of the columns the process added, while it applies.
 SHIP_INTERVAL = 0.05
@@ -55,6 +59,10 @@ PROCESS_SLICE = 4096
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
                      "events_from_workers", "hook_errors", "events_dropped")
+
+
+class GraphProcessGone(RuntimeError):
+    """The graph process is gone, or closed: it answers nothing any more."""
 
 
 class GraphMirror:
@@ -255,10 +263,19 @@ class GraphProcess:
         self.tick()  # the roots recorded go first
         return await self._ask("external", kind, fields)
 
+    async def analyse(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(store, end, *args)`` on the graph applied so far, in the process.
+
+        ``function`` and ``args`` travel pickled (a function by name); what it
+        returns comes back, and what it raises is raised here.  The process
+        applies no event meanwhile.
+        """
+        return await self._ask("analyse", function, args)
+
     def _ask(self, *question: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         if not self.alive:
-            future.set_exception(RuntimeError("Crux's graph process is gone"))
+            future.set_exception(GraphProcessGone("Crux's graph process is gone"))
             return future
         number = next(self._requests)
         self._answers[number] = future
@@ -269,7 +286,7 @@ class GraphProcess:
         answers, self._answers = self._answers, {}
         for future in answers.values():
             if not future.done():
-                future.set_exception(RuntimeError(reason))
+                future.set_exception(GraphProcessGone(reason))
 
     # -- threads ---------------------------------------------------------------------
     def _post(self, message: tuple) -> None:
@@ -300,10 +317,12 @@ class GraphProcess:
 
     def _spawn(self) -> None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__, "crux_dask.plugins.spool"])
+        # What every graph process needs, imported once by the fork server.
+        context.set_forkserver_preload([__name__, "crux_dask.plugins.spool",
+                                        "crux_dask.plugins.scopes"])
         here, there = context.Pipe()
-        process = context.Process(target=serve, args=(there, self.settings),
-                                  name="crux-graph", daemon=True)
+        process = _Process(target=serve, args=(there, self.settings), name="crux-graph",
+                                daemon=True)
         process.start()
         there.close()
         self._process, self._connection = process, here
@@ -353,7 +372,7 @@ class GraphProcess:
                 if error is None:
                     future.set_result(value)
                 else:
-                    future.set_exception(ValueError(error))
+                    future.set_exception(error)
 
     def _lost(self, why: str) -> None:
         if self.alive:
@@ -362,6 +381,44 @@ class GraphProcess:
             logger.error("Crux's graph process is gone (%s): the graph recorded so far "
                          "stays readable, and later events are counted as dropped", why)
         self._fail_answers(f"Crux's graph process is gone ({why})")
+
+
+if "forkserver" in multiprocessing.get_all_start_methods():  # not on Windows
+    from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+
+    class _Popen(popen_forkserver.Popen):
+        """Starts a fork server's child as multiprocessing does, without the main module.
+
+        A child of a fork server imports the parent's main module first (to
+        find what was pickled by reference to it): a script without an ``if
+        __name__ == "__main__"`` guard would run again in it, and any other
+        would be imported again, with what it imports.  The graph process
+        needs only this package, which the fork server imported.
+        """
+
+        def _launch(self, process_obj: Any) -> None:
+            data = spawn.get_preparation_data(process_obj._name)
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+            buffer = io.BytesIO()
+            context.set_spawning_popen(self)
+            try:
+                reduction.dump(data, buffer)
+                reduction.dump(process_obj, buffer)
+            finally:
+                context.set_spawning_popen(None)
+            self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+            # As multiprocessing does: a copy of the write end tells the child its parent lives.
+            parent_w = os.dup(w)
+            self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+            with open(w, "wb", closefd=True) as f:
+                f.write(buffer.getbuffer())
+            self.pid = forkserver.read_signed(self.sentinel)
+
+    class _Process(multiprocessing.get_context("forkserver").Process):
+        @staticmethod
+        def _Popen(process_obj: Any) -> _Popen:
+            return _Popen(process_obj)
 
 
 # -- the process ---------------------------------------------------------------------
@@ -419,10 +476,19 @@ def _handle(message: tuple, ingest: Any, shipper: _Shipper) -> None:
         try:
             state = ingest.add_external(mutation, **fields)
         except (ValueError, TypeError) as error:
-            shipper.answer(number, None, str(error))
+            shipper.answer(number, None, ValueError(str(error)))
         else:
             shipper.ship()
             shipper.answer(number, state)
+    elif kind == "analyse":
+        _, number, function, args = message
+        builder = ingest.builder
+        try:
+            value = function(builder.store, builder.end, *args)
+        except Exception as error:
+            shipper.answer(number, None, error)
+        else:
+            shipper.answer(number, value)
 
 
 class _Shipper:
@@ -479,5 +545,9 @@ class _Shipper:
         if spooled is not None:
             self.connection.send(("spooled", *spooled.wait_last()))
 
-    def answer(self, number: int, value: Any, error: str | None = None) -> None:
-        self.connection.send(("answer", number, value, error))
+    def answer(self, number: int, value: Any, error: Exception | None = None) -> None:
+        try:
+            self.connection.send(("answer", number, value, error))
+        except (pickle.PicklingError, TypeError, AttributeError) as failure:
+            self.connection.send(("answer", number, None, RuntimeError(
+                f"the graph process could not send its answer: {failure!r}")))

@@ -9,11 +9,13 @@ of analysis never sits inside a scheduler hook or a dashboard request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
-from crux_dask.plugins.graph_process import GraphProcess
+from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
 from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
@@ -286,6 +288,20 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         from crux_dask.plugins.scopes import computations, spans
 
         return computations(self.scheduler) + spans(self.scheduler)
+
+    async def analyse(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(store, end, *args)`` on the graph applied so far, off the event loop.
+
+        In the graph process, on its graph; else (or if it is gone) in a thread,
+        on a :meth:`snapshot`.  ``function`` must be importable by name, and
+        ``args`` picklable.
+        """
+        if isinstance(self.ingest, GraphProcess) and self.ingest.alive:
+            with contextlib.suppress(GraphProcessGone):
+                return await self.ingest.analyse(function, *args)
+        store, end = await self.snapshot()
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: function(store, end, *args))
 
     async def snapshot(self) -> tuple[PAGStore, int]:
         """A copy of the graph applied so far and its end state.

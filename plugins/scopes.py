@@ -12,12 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
 
-from crux_dask.scopes import Scope
+from crux_dask.scopes import Scope, key_groups, scope_path, scopes_frame
+from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
+    import pandas as pd
     from distributed import Scheduler
 
-__all__ = ["computations", "group_of", "spans"]
+    from crux_dask.path import CriticalPath
+    from crux_dask.store import PAGStore
+
+__all__ = ["computations", "group_of", "path_of_graph", "path_of_scope", "scopes_table",
+           "spans"]
 
 #: A key's task group, as the scheduler names it.
 group_of = key_split_group
@@ -70,3 +76,20 @@ def _code_line(code: Any) -> str:
             if 0 < number <= len(lines) and lines[number - 1].strip():
                 return lines[number - 1].strip()
     return ""
+
+
+# -- analyses, as CruxSchedulerPlugin.analyse runs them: (store, end, *args) ---------
+def path_of_graph(store: PAGStore, end: int, start: int | None, stop: int | None,
+                  method: str) -> CriticalPath:
+    """The critical path from ``start`` to ``stop`` (default: the graph's ``end``)."""
+    return critical_path(store, start, stop, method, default_end=end)
+
+
+def path_of_scope(store: PAGStore, end: int, scope: Scope, method: str) -> CriticalPath:
+    """The critical path of one computation or span."""
+    return scope_path(store, scope, key_groups(store, group_of), method)
+
+
+def scopes_table(store: PAGStore, end: int, scopes: list[Scope]) -> pd.DataFrame:
+    """One row per computation and span, with its path's length and top categories."""
+    return scopes_frame(store, scopes, key_groups(store, group_of))

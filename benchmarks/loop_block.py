@@ -7,7 +7,8 @@ the longest delay past that.  Each phase is measured apart:
 ``ingest``
     a synthetic layered workflow's events (``core_scale.workflow_events``),
     encoded in batches of 5,000 as workers send them, sent to Crux's handler
-    and applied;
+    and applied (by the graph process, and the rows it made appended to the
+    scheduler's copy);
 ``get_pag``, ``get_wcp``, ``export``
     the whole graph to the client, its critical path, and ``export_parquet``,
     three times each (the worst is kept);
@@ -127,7 +128,8 @@ def run(client: Client, batches: list[bytes], n_events: int) -> None:
     n_states = client.run_on_scheduler(states)
     stats = crux_dask.get_stats(client)
     print(f"ingest: {n_events:,} events, {n_states:,} states in "
-          f"{time.perf_counter() - started:.1f} s; Crux's longest slice of applying "
+          f"{time.perf_counter() - started:.1f} s; the longest stretch of Crux's own "
+          f"account (applying, or appending what its graph process sent) "
           f"{stats['longest_slice_seconds'] * 1e3:.1f} ms")
 
     for phase, call in [("get_pag", lambda: crux_dask.get_pag(client)),

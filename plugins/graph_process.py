@@ -49,13 +49,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
 
-#: Seconds between two sends of the columns the process added, while it applies.
+#: Seconds between two sends of the rows the process added while it applies, and
+#: the most states per send: the scheduler's event loop appends a send at once, about
+#: a microsecond for a state and its mutations.
 SHIP_INTERVAL = 0.05
-#: Queue entries per message to the process: pickling one holds the scheduler's
-#: interpreter for about a microsecond an entry.
+SHIP_STATES = 8192
+#: The most queue entries, and bytes of the workers' batches, per message to the
+#: process: pickling one holds the scheduler's interpreter for about a microsecond
+#: an entry, and copies the batches.
 MESSAGE_ENTRIES = 2048
+MESSAGE_BYTES = 2**22
 #: Events the process applies between two looks at what the scheduler sent.
-PROCESS_SLICE = 4096
+PROCESS_SLICE = 2048
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
                      "events_from_workers", "hook_errors", "events_dropped")
@@ -248,8 +253,16 @@ class GraphProcess:
         entries, self.queue = list(self.queue), deque()
         self.sent += self.pending
         if self.alive:  # in pieces: the writer holds the interpreter while it pickles one
-            for start in range(0, len(entries), MESSAGE_ENTRIES):
-                self._post(("entries", entries[start:start + MESSAGE_ENTRIES]))
+            piece: list = []
+            size = 0
+            for entry in entries:
+                piece.append(entry)
+                size += len(entry) if isinstance(entry, bytes) else 1_000
+                if len(piece) == MESSAGE_ENTRIES or size >= MESSAGE_BYTES:
+                    self._post(("entries", piece))
+                    piece, size = [], 0
+            if piece:
+                self._post(("entries", piece))
         else:
             self.counts["events_dropped"] += self.pending
         self.pending = 0
@@ -491,6 +504,7 @@ def _handle(message: tuple, ingest: Any, shipper: _Shipper) -> None:
     elif kind == "drain":
         while ingest.queue or ingest.backlog:
             ingest.apply_slice()
+            shipper.ship(due=True)
         ingest.resolve(None)
         shipper.ship()
         shipper.answer(message[1], None)
@@ -526,9 +540,11 @@ class _Shipper:
         self.summary: dict[str, Any] = {}
 
     def ship(self, due: bool = False) -> None:
-        """Send what is new, now, or only every :data:`SHIP_INTERVAL` if ``due``."""
+        """Send what is new: now, or if ``due``, once :data:`SHIP_INTERVAL` passed or
+        :data:`SHIP_STATES` states were made since the last send."""
         now = time.monotonic()
-        if due and now - self.last < SHIP_INTERVAL:
+        if due and now - self.last < SHIP_INTERVAL and (
+                self.ingest.builder.store.n_states - self.shipped["state_time"] < SHIP_STATES):
             return
         self.last = now
         ingest = self.ingest

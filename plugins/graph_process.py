@@ -37,12 +37,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.plugins.ingest import GRAPH, check_batch
+from crux_dask.plugins.ingest import GRAPH, Recorder
 from crux_dask.store import PAGStore, StringTable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
+    from crux_dask.codec import Batch
     from crux_dask.plugins.spool import Spool
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def _extend_table(table: StringTable, values: list[str], coded: bool) -> None:
         table.codes.update(zip(values, range(start, start + len(values))))
 
 
-class GraphProcess:
+class GraphProcess(Recorder):
     """The scheduler's side: records like an ingest, applies in another process.
 
     Parameters
@@ -136,7 +137,7 @@ class GraphProcess:
     queue : collections.deque
         What the hooks recorded and batches received since the last send.
     pending : int
-        Entries in :attr:`queue`.
+        Events in :attr:`queue`.
     builder : GraphMirror
         The graph the process sent back.
     counts, seconds : dict
@@ -148,17 +149,12 @@ class GraphProcess:
     def __init__(self, spool: Spool, settings: dict[str, Any]) -> None:
         self.spool = spool
         self.settings = {**settings, "run_id": uuid.uuid4().hex}
-        self.max_pending: int = settings["max_pending"]
-        self.queue: deque = deque()
-        self.pending = 0
+        super().__init__(settings["max_pending"],
+                         (*_SCHEDULER_COUNTS, "events_applied", "events_failed"))
         self.sent = 0
         self.builder = GraphMirror(self.settings["run_id"])
-        self.counts = dict.fromkeys((*_SCHEDULER_COUNTS, "events_applied", "events_failed"), 0)
-        self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
         self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
-        self.last_error: str | None = None
         self.alive = True
-        self._graphs = itertools.count()
         self._requests = itertools.count()
         self._answers: dict[int, asyncio.Future] = {}
         self._outgoing: deque = deque()
@@ -207,39 +203,16 @@ class GraphProcess:
         """Entries recorded since the start (sent or in :attr:`queue`)."""
         return self.sent + self.pending
 
-    def record(self, entry: tuple) -> None:
-        """Queue one entry."""
-        self.queue.append(entry)
-        self.pending += 1
-        if self.pending >= self.max_pending:
-            self.apply_soon()
-
     def root(self, time: float, label: str) -> int:
         """Queue a graph that reached the scheduler; the number its tasks name it by."""
         number = next(self._graphs)
         self.record((GRAPH, number, time, label))
         return number
 
-    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
-        """RPC handler for the workers' batches: check, queue as received; never raises."""
-        started = time.thread_time()
-        decoded = check_batch(self, batch, kwargs.get("source"))
-        if isinstance(decoded, dict):
-            return decoded
-        self.queue.append(bytes(batch))
+    def queue_batch(self, decoded: Batch, data: bytes) -> None:
+        """Queue a worker's batch as received: the process reads it again."""
+        self.queue.append(bytes(data))
         self.pending += len(decoded)
-        self.seconds["receive"] += time.thread_time() - started
-        if self.pending >= self.max_pending:
-            self.apply_soon()
-        return {"status": "OK", "accepted": len(decoded)}
-
-    def failed(self, where: str, error: Exception) -> None:
-        """Count a hook that raised; log the first one."""
-        self.counts["hook_errors"] += 1
-        if self.counts["hook_errors"] == 1:
-            logger.warning("Crux %s hook failed (further failures are only counted): %r",
-                           where, error)
-        self.last_error = f"{where}: {type(error).__name__}: {error}"
 
     def apply_soon(self) -> None:
         """Send what was recorded now."""

@@ -20,6 +20,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest"]
+__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest", "Recorder"]
 
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
@@ -58,7 +59,91 @@ _COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_re
            "batches_in_columns", "batches_rejected", "hook_errors"]
 
 
-class Ingest:
+class Recorder:
+    """What the scheduler's hooks and the workers' RPC handler record into.
+
+    The rules both places that take recorded events share: a queue, its
+    counts, checking the workers' batches, and applying (or sending) the
+    queue promptly once it holds ``max_pending`` events.  A subclass says what
+    a checked batch becomes in the queue (:meth:`queue_batch`) and what
+    applying soon means (:meth:`apply_soon`).
+
+    Attributes
+    ----------
+    queue : collections.deque
+        What was recorded and not applied (or sent) yet.
+    pending : int
+        Events in :attr:`queue`.
+    max_pending : int
+        Queued events past which a hook or the handler calls :meth:`apply_soon`.
+    counts : dict of str to int
+    seconds : dict of str to float
+        CPU seconds receiving batches (``receive``) and applying events
+        (``apply``), and the longest stretch of the event loop (``longest_slice``).
+    last_error : str or None
+        The last batch or event refused, or hook failure.
+    """
+
+    def __init__(self, max_pending: int, counts: Iterable[str]) -> None:
+        self.queue: deque = deque()
+        self.pending = 0
+        self.max_pending = max_pending
+        self.counts = dict.fromkeys(counts, 0)
+        self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
+        self.last_error: str | None = None
+        self._graphs = itertools.count()
+
+    def record(self, event: tuple) -> None:
+        """Queue one event."""
+        self.queue.append(event)
+        self.pending += 1
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+
+    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the workers' event batches: check and queue; never raises.
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK", "accepted": n}``, or ``{"status": "rejected",
+            "error": ...}`` for a malformed batch (nothing of it is queued).
+        """
+        started = time.thread_time()
+        self.counts["batches_received"] += 1
+        try:
+            decoded = decode_batch(batch)
+        except BatchError as error:
+            self.counts["batches_rejected"] += 1
+            self.last_error = f"batch rejected: {error}"
+            logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
+            return {"status": "rejected", "error": str(error)}
+        self.counts["batches_in_columns"] += decoded.columns is not None
+        self.counts["events_from_workers"] += len(decoded)
+        self.queue_batch(decoded, batch)
+        self.seconds["receive"] += time.thread_time() - started
+        if self.pending >= self.max_pending:
+            self.apply_soon()
+        return {"status": "OK", "accepted": len(decoded)}
+
+    def queue_batch(self, decoded: Batch, data: bytes) -> None:
+        """Queue a worker's batch, checked (``decoded``) and as received (``data``)."""
+        raise NotImplementedError
+
+    def apply_soon(self) -> None:
+        """Apply (or send) the queue promptly, without doing it in the caller."""
+        raise NotImplementedError
+
+    def failed(self, where: str, error: Exception) -> None:
+        """Count a hook or apply that raised; log the first one."""
+        self.counts["hook_errors"] += 1
+        if self.counts["hook_errors"] == 1:
+            logger.warning("Crux %s hook failed (further failures are only counted): %r",
+                           where, error)
+        self.last_error = f"{where}: {type(error).__name__}: {error}"
+
+
+class Ingest(Recorder):
     """Received events, queued in order, and their application to a builder.
 
     Parameters
@@ -85,22 +170,12 @@ class Ingest:
         The builder of the segment being recorded (replaced when it spools).
     queue : collections.deque
         Events received and not applied yet: tuples, and the workers' batches
-        in columns (:class:`~crux_dask.columns.EventColumns`).
-    pending : int
-        Events in :attr:`queue`.
+        in columns (:class:`~crux_dask.columns.EventColumns`); see
+        :class:`Recorder` for the counts.
     taken : int
         Events taken from the queue since the start.
-    counts : dict of str to int
-        Batches received, in columns and rejected; events from workers,
-        applied and failed; hook errors.
-    seconds : dict of str to float
-        CPU time the event loop's thread spent receiving batches and applying
-        events, and the longest stretch of the event loop one slice took
-        (``longest_slice``, wall time).
     limit : int
         Events the next slice may apply.
-    last_error : str or None
-        The last event refused or hook failure.
     roots : dict of int to int
         The root state of each graph, by the number :meth:`root` gave it.
     """
@@ -108,24 +183,18 @@ class Ingest:
     def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
                  park_timeout: float, slice_events: int = SLICE_EVENTS,
                  slice_seconds: float | None = SLICE_SECONDS) -> None:
+        super().__init__(max_pending, _COUNTS)
         self.builder = builder
         self.spool = spool
-        self.max_pending = max_pending
         self.park_timeout = park_timeout
         self.slice_events = slice_events
-        self.queue: deque[tuple | EventColumns] = deque()
         # Events a task's entry unfolded into that the slice had no room for
         # (a task that opened many files): applied before the queue goes on.
         self.backlog: deque[tuple] = deque()
-        self.pending = 0
         self.taken = 0
-        self.counts = dict.fromkeys(_COUNTS, 0)
-        self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
         self.slice_seconds = slice_seconds
         self.limit = slice_events if slice_seconds is None else min(slice_events, 4 * SLICE_MIN)
-        self.last_error: str | None = None
         self.roots: dict[int, int] = {}
-        self._graphs = itertools.count()
         self._soon = False  # a callback that applies the next slice is scheduled
 
     @property
@@ -134,33 +203,7 @@ class Ingest:
         return self.taken + self.pending
 
     # -- recording: cheap, never applies --------------------------------------
-    def record(self, event: tuple) -> None:
-        """Queue one event."""
-        self.queue.append(event)
-        self.pending += 1
-        if self.pending >= self.max_pending:
-            self.apply_soon()
-
-    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
-        """RPC handler for the workers' event batches: check and queue; never raises.
-
-        Returns
-        -------
-        dict
-            ``{"status": "OK", "accepted": n}``, or ``{"status": "rejected",
-            "error": ...}`` for a malformed batch (nothing of it is queued).
-        """
-        started = time.thread_time()
-        decoded = check_batch(self, batch, kwargs.get("source"))
-        if isinstance(decoded, dict):
-            return decoded
-        self.queue_batch(decoded)
-        self.seconds["receive"] += time.thread_time() - started
-        if self.pending >= self.max_pending:
-            self.apply_soon()
-        return {"status": "OK", "accepted": len(decoded)}
-
-    def queue_batch(self, decoded: Batch) -> None:
+    def queue_batch(self, decoded: Batch, data: bytes | None = None) -> None:
         """Queue a worker's batch, checked: in columns if it came so, else its rows."""
         if decoded.columns is not None:
             self.queue.append(decoded.columns)
@@ -190,14 +233,6 @@ class Ingest:
         if not self._soon:
             self._soon = True
             IOLoop.current().add_callback(self._step)
-
-    def failed(self, where: str, error: Exception) -> None:
-        """Count a hook or apply that raised; log the first one."""
-        self.counts["hook_errors"] += 1
-        if self.counts["hook_errors"] == 1:
-            logger.warning("Crux %s hook failed (further failures are only counted): %r",
-                           where, error)
-        self.last_error = f"{where}: {type(error).__name__}: {error}"
 
     # -- applying -----------------------------------------------------------------
     def root(self, time: float, label: str) -> int:
@@ -376,19 +411,3 @@ def _when(event: tuple) -> float:
         return event[3] if event[0] == "delete" else event[5]
     except (IndexError, TypeError):
         return float("-inf")
-
-
-def check_batch(receiver: Any, batch: Any, source: Any) -> Batch | dict[str, Any]:
-    """A worker's batch decoded and checked, counted in ``receiver.counts``; the
-    reply to a batch rejected (the reason is ``receiver.last_error``)."""
-    receiver.counts["batches_received"] += 1
-    try:
-        decoded = decode_batch(batch)
-    except BatchError as error:
-        receiver.counts["batches_rejected"] += 1
-        receiver.last_error = f"batch rejected: {error}"
-        logger.debug("Crux rejected a batch from %s: %s", source, error)
-        return {"status": "rejected", "error": str(error)}
-    receiver.counts["batches_in_columns"] += decoded.columns is not None
-    receiver.counts["events_from_workers"] += len(decoded)
-    return decoded

@@ -13,7 +13,9 @@ The process sends back the rows it added to the graph's columns and string
 tables.  :class:`GraphMirror` appends them to a store of its own on the
 scheduler's event loop: the dashboard, the client API and the export read it
 as they would read the builder's store, and the event loop spends on the graph
-only those appends.  A spooled segment is announced once it is written.
+only those appends.  A spooled segment is announced once it is written.  Paths
+and the table of computations are computed in the process, on its graph
+(:meth:`GraphProcess.analyse`).
 
 If the process dies, what it sent stays readable; events recorded afterwards
 are counted as dropped.
@@ -456,9 +458,10 @@ def serve(connection: Connection, settings: dict[str, Any]) -> None:
                 continue
             if busy:
                 ingest.apply_slice()
-                if not (ingest.queue or ingest.backlog):
+                more = bool(ingest.queue or ingest.backlog)
+                if not more:
                     ingest.resolve(time.monotonic() - ingest.park_timeout)
-                shipper.ship(due=True)
+                shipper.ship(due=more)  # the rest of a burst goes at once
             else:
                 ingest.resolve(time.monotonic() - ingest.park_timeout)
                 shipper.ship()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tornado import web
 
+from crux_dask.plugins.graph_process import GraphProcessGone
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
 from crux_dask.scopes import select
 from crux_dask.wcp import METHODS
@@ -141,7 +142,7 @@ class StatesHandler(CruxHandler):
                 state = await self.plugin.add_external(kind, **fields)
             except ValueError as error:
                 raise BadParameter("src", str(error)) from None
-            except RuntimeError as error:  # the graph is not being recorded any more
+            except GraphProcessGone as error:  # the graph is not being recorded any more
                 self.plugin.count_http_write(accepted=False)
                 self.fail(503, str(error))
                 return

@@ -6,7 +6,9 @@ event in the thread that opens the file.  A worker runs each task in a thread
 of its own executor and marks that thread with the task's key
 (``distributed.worker.thread_state``), so the hook knows which task opened
 which file, and whether for writing, at the cost of a few attribute reads.
-Sizes are taken when the task is done, once per file.
+Sizes are taken when the task is done, once per file: in the worker's event
+loop for a task that opened a few files, in a thread of their own for one
+that opened many (:class:`crux_dask.plugins.worker.CruxWorkerPlugin`).
 
 Some libraries open files in threads of their own while the task's thread
 waits (zarr's stores, through an event loop and a thread pool of their own):
@@ -186,20 +188,37 @@ class FileRecorder:
         opened.append(path)
         opened.append(flags)
 
-    def done(self, key: Any, stop: float | None) -> tuple[float | None, list] | None:
-        """What the task ``key``, done now, did with files: ``(io, files)`` or None.
+    def take(self, key: Any, stop: float | None) -> tuple[float | None, list] | None:
+        """What the task ``key``, done now, opened: ``(io, opened)``, or None if nothing.
 
-        ``files`` are ``[path, written, size]``, each file once, those left out
-        by the patterns or as the worker's own dropped (relative paths are
-        taken from the current directory); ``io`` the seconds the task's
-        thread was off the CPU from its first open to ``stop`` (the task's end
-        in this process's clock), None where it cannot be read.  Called in the
-        worker's event loop, after the task's thread let go of it.
+        ``opened`` holds the path and flags of each ``open``, one after the
+        other, for :meth:`files`; ``io`` is the seconds the task's thread was
+        off the CPU from its first open to ``stop`` (the task's end in this
+        process's clock), None where it cannot be read.  Called in the
+        worker's event loop, after the task's thread let go of it: cheap
+        whatever the task opened.
         """
         opened = self.by_task.pop(key, None)
         first = self._first.pop(key, None)
         if opened is None or first is None:
             return None
+        opened_at, cpu_at, thread = first
+        io = None
+        if stop is not None and cpu_at is not None:
+            cpu = _cpu_seconds(thread)
+            if cpu is not None:
+                io = max(0.0, (stop - opened_at) - (cpu - cpu_at))
+        return io, opened
+
+    def files(self, opened: list) -> list[list]:
+        """The files of what a task opened (from :meth:`take`): ``[path, written, size]``.
+
+        Each file once, those left out by the patterns or as the worker's own
+        dropped (relative paths are taken from the current directory), sizes
+        as they are now, ``-1`` for a file that is gone (see :meth:`keep`):
+        about four microseconds a file, most of it in ``stat``.  Touches
+        nothing of the recorder's but its patterns: safe in any thread.
+        """
         written: dict[str, bool] = {}
         for path, flags in zip(opened[::2], opened[1::2]):
             if type(path) is not str:
@@ -213,21 +232,16 @@ class FileRecorder:
                     written[path] = True
             elif not flags & _DIRECTORY:
                 written[path] = bool(flags & _WRITES) or written.get(path, False)
-        files = [[path, wrote, _size(path)] for name, wrote in written.items()
-                 if self.wanted(path := os.path.abspath(name))]
+        wanted = self.wanted
+        return [[path, wrote, _size(path)] for name, wrote in written.items()
+                if wanted(path := name if _normal(name) else os.path.abspath(name))]
+
+    def keep(self, files: list[list]) -> list[list]:
+        """The files of :meth:`files` that are there, counted (in the worker's event loop)."""
         found = [entry for entry in files if entry[2] >= 0]
         self.gone += len(files) - len(found)
-        files = found
-        if not files:
-            return None
-        self.opened_files += len(files)
-        opened_at, cpu_at, thread = first
-        io = None
-        if stop is not None and cpu_at is not None:
-            cpu = _cpu_seconds(thread)
-            if cpu is not None:
-                io = max(0.0, (stop - opened_at) - (cpu - cpu_at))
-        return io, files
+        self.opened_files += len(found)
+        return found
 
     def wanted(self, path: str) -> bool:
         """Whether the file at ``path`` (absolute) is recorded."""
@@ -241,6 +255,11 @@ class FileRecorder:
         """The task ``key`` ended without a result: what it opened is not recorded."""
         self.by_task.pop(key, None)
         self._first.pop(key, None)
+
+
+def _normal(path: str) -> bool:
+    """Whether ``path`` is absolute and normalized already (what ``abspath`` would give)."""
+    return path[:1] == "/" and "/." not in path and "//" not in path and path[-1:] != "/"
 
 
 def _cpu_seconds(thread: int) -> float | None:

@@ -66,7 +66,11 @@ MESSAGE_BYTES = 2**22
 PROCESS_SLICE = 2048
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
-                     "events_from_workers", "hook_errors", "events_dropped")
+                     "events_from_workers", "hook_errors", "events_dropped",
+                     "file_lists_received", "file_lists_rejected")
+#: The counts the process keeps, reported with what it sends.
+_PROCESS_COUNTS = ("events_applied", "events_failed", "file_lists_missing",
+                   "file_lists_unmatched")
 
 
 class GraphProcessGone(RuntimeError):
@@ -152,7 +156,7 @@ class GraphProcess(Recorder):
         self.spool = spool
         self.settings = {**settings, "run_id": uuid.uuid4().hex}
         super().__init__(settings["max_pending"],
-                         (*_SCHEDULER_COUNTS, "events_applied", "events_failed"))
+                         (*_SCHEDULER_COUNTS, *_PROCESS_COUNTS))
         self.sent = 0
         self.builder = GraphMirror(self.settings["run_id"])
         self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
@@ -366,7 +370,7 @@ class GraphProcess(Recorder):
             started = time.perf_counter()
             _, run_id, rows, summary = message
             self.builder.extend(run_id, rows, summary)
-            for name in ("events_applied", "events_failed"):
+            for name in _PROCESS_COUNTS:
                 self.counts[name] = summary["counts"][name]
             self.seconds["apply"] = summary["apply_seconds"]
             self.remote.update(pending=summary["pending"], cpu_seconds=summary["cpu_seconds"])

@@ -28,6 +28,7 @@ from tornado.ioloop import IOLoop
 
 from crux_dask.codec import Batch, BatchError, decode_batch
 from crux_dask.columns import EventColumns
+from crux_dask.plugins.protocol import FILES, FOLLOW, key_string
 from crux_dask.plugins.tasks import TASK, task_events
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "Ingest", "Recorder"]
+__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "TASK_FILES", "Ingest", "Recorder"]
 
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
@@ -44,6 +45,10 @@ LOST = "lost"
 #: queue: a graph reached the scheduler; its root is made as the entry is taken,
 #: and the tasks of the graph name it by number.
 GRAPH = "graph"
+#: First field of a ``(TASK_FILES, key string, worker, files)`` entry: the files
+#: of a task whose worker sized them after the task's completion (its entry's
+#: metadata says they :data:`~crux_dask.plugins.protocol.FOLLOW`).
+TASK_FILES = "task-files"
 #: The most events applied in one slice: enough for the builder to apply
 #: routine events in windows (about a microsecond each).
 SLICE_EVENTS = 2048
@@ -56,7 +61,8 @@ SLICE_SECONDS = 0.005
 SLICE_MIN = 128
 
 _COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
-           "batches_in_columns", "batches_rejected", "hook_errors"]
+           "batches_in_columns", "batches_rejected", "hook_errors", "file_lists_received",
+           "file_lists_rejected", "file_lists_missing", "file_lists_unmatched"]
 
 
 class Recorder:
@@ -126,6 +132,33 @@ class Recorder:
             self.apply_soon()
         return {"status": "OK", "accepted": len(decoded)}
 
+    def receive_files(self, files: Any = None, source: Any = None,
+                      **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the files of tasks a worker sized after their completion.
+
+        ``files`` is ``[[key string, [[path, written, size], ...]], ...]``;
+        each list is queued as a :data:`TASK_FILES` entry (its files are
+        checked as the task's entry takes them).  Never raises.
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK"}``, or ``{"status": "rejected", "error": ...}``
+            for anything of another form (nothing of it is queued).
+        """
+        if not (type(source) is str and isinstance(files, (list, tuple))
+                and all(isinstance(item, (list, tuple)) and len(item) == 2
+                        and type(item[0]) is str and isinstance(item[1], (list, tuple))
+                        for item in files)):
+            self.counts["file_lists_rejected"] += 1
+            self.last_error = f"files of tasks rejected from {source!r}"
+            return {"status": "rejected", "error": "expected [[key, [[path, written, size], "
+                                                   "...]], ...] from a worker"}
+        self.counts["file_lists_received"] += len(files)
+        for name, listed in files:
+            self.record((TASK_FILES, name, source, listed))
+        return {"status": "OK"}
+
     def queue_batch(self, decoded: Batch, data: bytes) -> None:
         """Queue a worker's batch, checked (``decoded``) and as received (``data``)."""
         raise NotImplementedError
@@ -178,6 +211,10 @@ class Ingest(Recorder):
         Events the next slice may apply.
     roots : dict of int to int
         The root state of each graph, by the number :meth:`root` gave it.
+    awaiting_files, early_files : dict
+        Task entries waiting for the files their worker sizes after the
+        task's completion, and files that came before their task's entry;
+        each with when it started waiting, by (key string, worker).
     """
 
     def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
@@ -195,6 +232,8 @@ class Ingest(Recorder):
         self.slice_seconds = slice_seconds
         self.limit = slice_events if slice_seconds is None else min(slice_events, 4 * SLICE_MIN)
         self.roots: dict[int, int] = {}
+        self.awaiting_files: dict[tuple[str, Any], tuple[tuple, float]] = {}
+        self.early_files: dict[tuple[str, Any], tuple[Any, float]] = {}
         self._soon = False  # a callback that applies the next slice is scheduled
 
     @property
@@ -313,7 +352,10 @@ class Ingest(Recorder):
                         parts.append(EventColumns.from_events(events))
                         events = []
                     parts.append(item)
-                elif item[0] == TASK:
+                elif item[0] == TASK or item[0] == TASK_FILES:
+                    item = self._join_files(item, now)
+                    if item is None:  # waits for its files, or they for it
+                        continue
                     try:
                         unfolded = task_events(item, self.roots)
                     except Exception as error:
@@ -379,9 +421,65 @@ class Ingest(Recorder):
             columns = columns.take(order)
         self.builder.apply_columns(columns, now, on_error=refuse)
 
+    def _join_files(self, item: tuple, now: float) -> tuple | None:
+        """A task's entry with its files, if they follow it; ``None`` while either waits.
+
+        ``item`` is a task's entry or a :data:`TASK_FILES` entry; what
+        :func:`task_events` should take is returned once both are here.
+        """
+        if item[0] == TASK_FILES:
+            join = (item[1], item[2])
+            waiting = self.awaiting_files.pop(join, None)
+            if waiting is None:
+                self.early_files[join] = (item[3], now)
+                return None
+            return _with_files(waiting[0], item[3])
+        metadata = item[-1]
+        files = metadata.get(FILES) if type(metadata) is dict else None
+        if not (type(files) in (tuple, list) and len(files) == 3 and files[2] == FOLLOW):
+            return item
+        join = (key_string(item[1]), item[3])
+        early = self.early_files.pop(join, None)
+        if early is None:
+            self.awaiting_files[join] = (item, now)
+            return None
+        return _with_files(item, early[0])
+
+    def _release_files(self, older_than: float | None) -> None:
+        """Apply the tasks that waited for their files since before ``older_than`` (all:
+        ``None``) without them; forget files whose task never came."""
+        late = [join for join, (_, since) in self.awaiting_files.items()
+                if older_than is None or since < older_than]
+        if late:
+            self.counts["file_lists_missing"] += len(late)
+            events = []
+            for join in late:
+                entry = self.awaiting_files.pop(join)[0]
+                try:
+                    events += task_events(_with_files(entry, []), self.roots)
+                except Exception as error:
+                    self.counts["events_failed"] += 1
+                    self.last_error = f"{type(error).__name__}: {error}"
+            self.builder.apply_many(_in_time_order(events), time.monotonic(),
+                                    on_error=self._refused)
+        unmatched = [join for join, (_, since) in self.early_files.items()
+                     if older_than is None or since < older_than]
+        self.counts["file_lists_unmatched"] += len(unmatched)
+        for join in unmatched:
+            del self.early_files[join]
+
+    def _refused(self, event: Any, error: Exception) -> None:
+        self.counts["events_failed"] += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+
     def resolve(self, older_than: float | None) -> None:
-        """Give waiting events a stand-in: those waiting since before ``older_than``, or all."""
+        """Give waiting events a stand-in: those waiting since before ``older_than``, or all.
+
+        Tasks that waited as long for the files their worker sizes after
+        them go without (counted as ``file_lists_missing``).
+        """
         started = time.perf_counter(), time.thread_time()
+        self._release_files(older_than)
         self.builder.resolve_parked(older_than)
         self._spool_if_due()
         self._took(started)
@@ -396,6 +494,13 @@ class Ingest(Recorder):
     def _spool_if_due(self) -> None:
         if self.spool.due(self.builder):
             self.builder = self.spool.spool(self.builder)
+
+
+def _with_files(entry: tuple, files: Any) -> tuple:
+    """A task's entry whose metadata's files are ``files`` instead of the mark that they follow."""
+    metadata = entry[-1]
+    io, host, _ = metadata[FILES]
+    return (*entry[:-1], {**metadata, FILES: (io, host, files)})
 
 
 def _in_time_order(events: list[tuple]) -> list[tuple]:

@@ -26,7 +26,7 @@ from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
 from crux_dask.plugins.ingest import LOST, Ingest
-from crux_dask.plugins.protocol import EVENTS_HANDLER, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
@@ -152,6 +152,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                         "what happens from now on", self.tasks_at_attach)
         self.ingest.root(self.attached_at, "attach")
         scheduler.handlers[EVENTS_HANDLER] = self.ingest.receive
+        scheduler.handlers[FILES_HANDLER] = self.ingest.receive_files
         from crux_dask.dashboard import install
 
         self.dashboard = install(scheduler, self)

@@ -5,7 +5,10 @@ transfer's own start and stop), data scattered by the client and gathered back
 to it, spill to disk and load back, data released, and the shards P2P shuffles
 send (:mod:`crux_dask.plugins.shuffles`).  The files a task opened
 (:mod:`crux_dask.plugins.files`), the shards a P2P transfer task made and a
-task's moments travel in the task's metadata instead, with its completion.
+task's moments travel in the task's metadata instead, with its completion;
+the files of a task that opened more than :data:`FILES_INLINE` are sized in a
+thread of their own and follow through the ``crux_files`` handler, so that
+neither the completion nor the event loop waits for thousands of ``stat``.
 Hooks append one tuple
 to a buffer; a periodic callback packs the buffer with msgpack and sends it to
 the scheduler's ``crux_events`` handler, one round trip per batch, one batch
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from time import time
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,8 @@ from crux_dask.plugins.files import FileRecorder
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES,
+    FILES_HANDLER,
+    FOLLOW,
     MOMENTS,
     PLUGIN_NAME,
     SHARDS,
@@ -55,6 +61,9 @@ logger = logging.getLogger(__name__)
 _LOG_LOOKBACK = 16
 #: The default bound of the teardown's last send, in seconds.
 TEARDOWN_TIMEOUT = 0.5
+#: The most files whose sizes are taken in the event loop as their task is done
+#: (a few microseconds each); a task that opened more has them taken in a thread.
+FILES_INLINE = 64
 
 
 class CruxWorkerPlugin(WorkerPlugin):
@@ -112,7 +121,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         self.counts = dict.fromkeys(
             ["events_recorded", "events_sent", "events_dropped", "events_unsent",
              "batches_sent", "batches_rejected", "send_failures", "hook_errors",
-             "transfer_log_overruns"], 0)
+             "transfer_log_overruns", "file_lists_dropped", "file_lists_unsent"], 0)
         # The capture switches, read once: the hooks test them on every call.
         self._transfers = bool(self.capture.get("transfers", True))
         self._deletes = bool(self.capture.get("deletes", True))
@@ -131,6 +140,11 @@ class CruxWorkerPlugin(WorkerPlugin):
         if self.capture.get("spill", True):
             self._hook_spill(worker.data)
         self.files: FileRecorder | None = None
+        # Files being sized in a thread (task key string by job), and those sized
+        # and not sent yet: [key string, files].
+        self._sizing: dict[Future, str] = {}
+        self._files_out: list[list] = []
+        self._sizer: ThreadPoolExecutor | None = None
         if self.capture.get("files", True):
             self.host = socket.gethostname()
             self.files = FileRecorder(worker, *self.file_patterns)
@@ -147,7 +161,8 @@ class CruxWorkerPlugin(WorkerPlugin):
 
         Never waits on a scheduler that is gone, and at most
         ``teardown_timeout`` seconds on one that does not answer: what could
-        not be sent stays in :attr:`buffer`, counted as ``events_unsent``.
+        not be sent stays in :attr:`buffer`, counted as ``events_unsent``
+        (and the files of tasks as ``file_lists_unsent``).
         """
         self._callback.stop()
         if self.files is not None:
@@ -159,14 +174,17 @@ class CruxWorkerPlugin(WorkerPlugin):
                 callbacks.remove(hook)
         if self._transfers:
             self._poll_gathers()
-        if self.buffer and self._scheduler_connected():
+        if (self.buffer or self._files_out or self._sizing) and self._scheduler_connected():
             with contextlib.suppress(TimeoutError):  # what is left is counted below
                 await asyncio.wait_for(self.flush(), self.teardown_timeout)
         sending = self._sending
         if sending is not None:  # a send the scheduler did not answer: stop waiting
             sending.cancel()
             await asyncio.wait([sending])
+        if self._sizer is not None:  # files not sized by now are counted below
+            self._sizer.shutdown(wait=False, cancel_futures=True)
         self.counts["events_unsent"] = len(self.buffer)
+        self.counts["file_lists_unsent"] = len(self._files_out) + len(self._sizing)
         if self.buffer:
             logger.info("Crux: %d events recorded on %s could not be sent to the scheduler "
                         "(counted as events_unsent)", len(self.buffer), worker.address)
@@ -230,11 +248,42 @@ class CruxWorkerPlugin(WorkerPlugin):
             return
         stop = next((s["stop"] for s in reversed(ts.startstops) if s["action"] == "compute"),
                     None)
-        done = self.files.done(key, None if stop is None else stop - self.worker.scheduler_delay)
-        if done is not None:
-            # The metadata goes to the scheduler with the task's completion, in
-            # the message this transition has just made (it holds the same dict).
-            ts.metadata[FILES] = (done[0], self.host, done[1])
+        taken = self.files.take(key, None if stop is None else stop - self.worker.scheduler_delay)
+        if taken is None:
+            return
+        io, opened = taken
+        # The metadata goes to the scheduler with the task's completion, in the
+        # message this transition has just made (it holds the same dict).
+        if len(opened) <= 2 * FILES_INLINE:
+            files = self.files.keep(self.files.files(opened))
+            if files:
+                ts.metadata[FILES] = (io, self.host, files)
+            return
+        ts.metadata[FILES] = (io, self.host, FOLLOW)
+        if self._sizer is None:
+            self._sizer = ThreadPoolExecutor(1, thread_name_prefix="crux-files")
+        job = self._sizer.submit(self.files.files, opened)
+        self._sizing[job] = key_string(key)
+        job.add_done_callback(self._sized_soon)
+
+    def _sized_soon(self, job: Future) -> None:
+        """In the sizing thread: hand the sized files to the event loop."""
+        with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody to tell
+            self.worker.loop.add_callback(self._sized, job)
+
+    def _sized(self, job: Future) -> None:
+        """The files of a task sized in the thread go out with the next send."""
+        if job.cancelled() or job not in self._sizing:  # by a teardown; or a flush took it
+            return
+        name = self._sizing.pop(job)
+        try:
+            files = self.files.keep(job.result())
+        except Exception as error:
+            self._hook_failed(error)
+            files = []
+        self._files_out.append([name, files])
+        if self._sending is None:
+            self._flush_soon()
 
     def _shards_done(self, key: Any) -> None:
         """Leave the shards the P2P transfer task ``key`` made in its metadata."""
@@ -355,7 +404,7 @@ class CruxWorkerPlugin(WorkerPlugin):
     def _flush_soon(self) -> None:
         if self._transfers:
             self._poll_gathers()
-        if self.buffer and self._sending is None:
+        if (self.buffer or self._files_out) and self._sending is None:
             self._sending = asyncio.ensure_future(self._send())
 
     async def flush(self) -> bool:
@@ -366,11 +415,16 @@ class CruxWorkerPlugin(WorkerPlugin):
         """
         if self._transfers:
             self._poll_gathers()
+        while self._sizing:  # files being sized go too
+            job = next(iter(self._sizing))
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(job)
+            self._sized(job)
         while True:
             if self._sending is not None:
                 await asyncio.shield(self._sending)
                 continue
-            if not self.buffer:
+            if not self.buffer and not self._files_out:
                 return True
             self._sending = asyncio.ensure_future(self._send())
             if not await asyncio.shield(self._sending):
@@ -397,6 +451,18 @@ class CruxWorkerPlugin(WorkerPlugin):
                 else:  # rejected, or no Crux on the scheduler: nobody will take these
                     self.counts["batches_rejected"] += 1
                     self.counts["events_dropped"] += len(events)
+            if self._files_out:
+                files = self._files_out[:]
+                try:
+                    reply = await getattr(self.worker.scheduler, FILES_HANDLER)(
+                        files=files, source=self.worker.address)
+                except Exception as error:
+                    self.counts["send_failures"] += 1
+                    logger.debug("Crux could not send the files of tasks: %r", error)
+                    return False
+                del self._files_out[: len(files)]
+                if not (isinstance(reply, dict) and reply.get("status") == "OK"):
+                    self.counts["file_lists_dropped"] += len(files)
             return True
         finally:
             self._sending = None
@@ -423,9 +489,12 @@ class CruxWorkerPlugin(WorkerPlugin):
         refused them); ``events_unsent`` were still buffered when the plugin
         was torn down, and stay in :attr:`buffer`.  ``files_recorded`` are the
         files tasks opened and the scheduler was told of, ``files_gone`` those
-        left out because they were gone when their task was done.
-        ``shard_errors`` count shards of P2P shuffles that could not be
-        recorded (the shuffle itself went on).
+        left out because they were gone when their task was done.  The
+        files of a task sized after its completion (``file_lists_*``) that
+        the scheduler refused are ``dropped``; those still being sized or
+        sent when the plugin was torn down are ``unsent``.  ``shard_errors``
+        count shards of P2P shuffles that could not be recorded (the shuffle
+        itself went on).
         """
         files = self.files
         return {**self.counts, "events_buffered": len(self.buffer),

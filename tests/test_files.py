@@ -25,8 +25,11 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.data import cached_key_groups
 from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
-from crux_dask.plugins.protocol import FILES
+from crux_dask.plugins.ingest import TASK_FILES, Ingest
+from crux_dask.plugins.protocol import FILES, FOLLOW
+from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK, task_events
+from crux_dask.plugins.worker import FILES_INLINE
 
 HOST = "node1"
 A = "tcp://10.0.0.1:1"
@@ -174,6 +177,40 @@ def read_then_spin(path: str, seconds: float) -> int:
     while time.thread_time() < end:  # on the CPU
         pass
     return len(data)
+
+
+def sized_later(name: str, files, time: float = 1.0) -> tuple:
+    """A task's entry whose worker sends its files after it."""
+    return (TASK, name, "memory", A, 1, [{"action": "compute", "start": time, "stop": time + 1}],
+            8, [], name, name, None, -1, None, None, {FILES: (0.5, HOST, files)})
+
+
+def test_files_sized_after_their_task_join_it_in_either_order_or_it_goes_without():
+    ingest = Ingest(PAGBuilder(), Spool(None, None), max_pending=10**9, park_timeout=10.0)
+    ingest.root(0.0, "graph")
+    read = [["/in/a.csv", False, 10], ["/in/b.csv", False, 20]]
+    ingest.queue.extend([
+        sized_later("after", FOLLOW, 1.0), (TASK_FILES, "after", A, read),   # the usual order
+        (TASK_FILES, "before", A, read), sized_later("before", FOLLOW, 3.0),  # files first
+        sized_later("never", FOLLOW, 5.0),                                    # worker gone
+        (TASK_FILES, "stray", A, read),                                       # task never came
+    ])
+    ingest.pending = len(ingest.queue)
+    ingest.apply_slice()
+    assert set(ingest.awaiting_files) == {("never", A)}
+    assert set(ingest.early_files) == {("stray", A)}
+    ingest.resolve(None)
+    assert not ingest.awaiting_files and not ingest.early_files
+    assert (ingest.counts["file_lists_missing"], ingest.counts["file_lists_unmatched"]) == (1, 1)
+
+    pag = ingest.builder.pag()
+    states, mutations = pag.states, pag.mutations
+    for name, copies in (("after", 2), ("before", 2), ("never", 0)):
+        (task,) = states.index[states["key"] == name]
+        inputs = states.loc[mutations.loc[mutations["dst"] == task, "src"]]
+        assert (inputs["location"].str.startswith("memory@")).sum() == copies, name
+    files = states[states["location"].str.startswith("file@")]
+    assert sorted(files["size"]) == [10, 20]  # each file once, at its size
 
 
 def file_states(pag: crux_dask.PAG, directory) -> pd.DataFrame:
@@ -342,3 +379,45 @@ def test_zarr_chunks_written_in_its_own_threads_and_read_back(tmp_path):
     path = pag.wcp()
     assert path.breakdown["io"] > 0
     check_breakdown(path)
+
+
+def write_files(directory: str, count: int) -> int:
+    for i in range(count):
+        with open(os.path.join(directory, f"part-{i:04d}.bin"), "wb") as f:
+            f.write(b"x" * i)
+    return count
+
+
+def read_files(directory: str, count: int, written: int) -> int:
+    total = 0
+    for i in range(count):
+        with open(os.path.join(directory, f"part-{i:04d}.bin"), "rb") as f:
+            total += len(f.read())
+    return total
+
+
+def test_a_task_that_opens_many_files_has_them_sized_after_its_completion(crux_client,
+                                                                        tmp_path):
+    count = 3 * FILES_INLINE  # more than the worker sizes as the task is done
+    written = dask.delayed(write_files)(str(tmp_path), count, dask_key_name="write-many")
+    read = dask.delayed(read_files)(str(tmp_path), count, written, dask_key_name="read-many")
+    after = dask.delayed(lambda total: total + 1)(read, dask_key_name="after-many")
+    assert after.compute() == sum(range(count)) + 1
+
+    pag = crux_dask.get_pag(crux_client)
+    states, mutations = pag.states, pag.mutations
+    files = file_states(pag, tmp_path)
+    on_disk = {str(p): p.stat().st_size for p in tmp_path.iterdir()}
+    assert dict(zip(files["key"], files["size"])) == on_disk
+    assert set(files["origin"]) == {"write-many"}
+    # Each file written was copied into memory for the reader alone, which took all.
+    copies = mutations[mutations["src"].isin(files.index) & (mutations["kind"] == "TRANSFER")]
+    assert sorted(states.loc[copies["src"], "key"]) == sorted(on_disk)
+    (reader,) = set(mutations.loc[mutations["src"].isin(copies["dst"]), "dst"])
+    assert states.loc[reader, "key"] == "read-many"
+    # The task after it waited for it, not for the files.
+    made = mutations[(mutations["src"] == reader) & (mutations["kind"] == "CONVERT")]
+    assert states.loc[made["dst"], "key"].tolist() == ["after-many"]
+    stats = crux_dask.get_stats(crux_client)
+    assert stats["file_lists_received"] >= 2  # the writer's and the reader's
+    assert stats["file_lists_missing"] == stats["file_lists_rejected"] == 0

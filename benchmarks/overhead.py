@@ -38,10 +38,14 @@ workers' CPU over ``none``.
 ``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
 package in ``DIR`` (put first on the processes' ``PYTHONPATH``), to compare
-two versions of Crux side by side in the same rounds.
+two versions of Crux side by side in the same rounds.  ``--other-config KEY=VALUE
+...`` runs ``crux-other`` with these dask config settings (this version of
+Crux, unless ``--compare-with`` is given too): ``crux-dask.capture.files=False``
+measures what recording the files tasks open costs.
 
 Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
-[--rows N] [--array N] [--workloads W ...] [--compare-with DIR] [--json FILE]``
+[--rows N] [--array N] [--workloads W ...] [--compare-with DIR]
+[--other-config KEY=VALUE ...] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -174,6 +178,8 @@ class Cluster:
         One of :data:`CONFIGS`, or ``crux-other``.
     other : Path, optional
         For ``crux-other``: the folder the other version of ``crux_dask`` is in.
+    other_config : dict, optional
+        For ``crux-other``: environment variables of dask config settings.
     workdir : Path
         Where the scheduler file and the workers' local directories go.
     n_workers : int
@@ -181,13 +187,15 @@ class Cluster:
     """
 
     def __init__(self, config: str, workdir: Path, n_workers: int = 2,
-                 other: Path | None = None) -> None:
+                 other: Path | None = None, other_config: dict[str, str] | None = None) -> None:
         self.config = config
         self.crux = config.startswith("crux")
         env = {k: v for k, v in os.environ.items() if k not in PRELOAD}
         if self.crux:
             env.update(PRELOAD)
         if config == "crux-other":
+            env.update(other_config or {})
+        if config == "crux-other" and other is not None:
             # Ahead of the package installed here, which an editable install
             # would otherwise serve first (a meta path finder of its own).
             site_dir = workdir / "other-site"
@@ -317,10 +325,21 @@ def workloads(args: argparse.Namespace) -> dict[str, tuple[str, Callable, Callab
     return {name: table[name] for name in args.workloads}
 
 
+def config_environment(settings: list[str]) -> dict[str, str]:
+    """The environment variables that give dask the config ``KEY=VALUE`` settings."""
+    env = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--other-config expects KEY=VALUE, got {setting!r}")
+        env["DASK_" + "__".join(part.upper().replace("-", "_") for part in key.split("."))] = value
+    return env
+
+
 def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
     """Every measurement: ``results[workload][config]`` is one dict per round."""
     chosen = workloads(args)
-    configs = CONFIGS + (("crux-other",) if args.compare_with else ())
+    configs = CONFIGS + (("crux-other",) if args.compare_with or args.other_config else ())
     results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
     events: dict[str, list[int]] = {w: [] for w in chosen}
     applying: dict[str, list[float]] = {w: [] for w in chosen}
@@ -330,7 +349,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
         for round_ in range(args.repeats):
             turn = round_ % len(configs)
             for config in configs[turn:] + configs[:turn]:
-                cluster = Cluster(config, Path(scratch), other=args.compare_with)
+                cluster = Cluster(config, Path(scratch), other=args.compare_with,
+                                  other_config=config_environment(args.other_config))
                 try:
                     for _, _, warm in chosen.values():
                         warm(cluster.client)
@@ -450,6 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--compare-with", type=Path, metavar="DIR",
                         help="also run Crux from the crux_dask package in DIR (crux-other)")
+    parser.add_argument("--other-config", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="dask config settings of crux-other, e.g. "
+                             "crux-dask.capture.files=False")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     results = run(args)

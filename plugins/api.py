@@ -17,7 +17,7 @@ import crux_dask
 from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
-from crux_dask.plugins.worker import CruxWorkerPlugin
+from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
 from crux_dask.provenance import write_dataset
 from crux_dask.scopes import select
 from crux_dask.store import PAGStore
@@ -55,7 +55,7 @@ def flush(client: Client) -> Any:
 
 
 async def _flush(client: Client) -> None:
-    await client.run(_flush_worker)
+    await client.run(flush_worker)
     await client.run_on_scheduler(_drain_on_scheduler)
 
 
@@ -146,7 +146,7 @@ def get_stats(client: Client) -> Any:
 
 async def _get_stats(client: Client) -> dict[str, Any]:
     stats = await client.run_on_scheduler(_stats_on_scheduler)
-    stats["workers"] = await client.run(_worker_stats)
+    stats["workers"] = await client.run(worker_stats)
     return stats
 
 
@@ -189,11 +189,6 @@ def _plugin(server: Any) -> Any:
     if plugin is None:
         raise RuntimeError("Crux is not attached to this cluster: call crux_dask.attach(client)")
     return plugin
-
-
-async def _flush_worker(dask_worker: Any) -> bool:
-    plugin = dask_worker.plugins.get(CruxWorkerPlugin.name)
-    return True if plugin is None else await plugin.flush()
 
 
 async def _drain_on_scheduler(dask_scheduler: Any) -> None:
@@ -272,8 +267,3 @@ def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:
     return _plugin(dask_scheduler).stats()
-
-
-def _worker_stats(dask_worker: Any) -> dict[str, Any]:
-    plugin = dask_worker.plugins.get(CruxWorkerPlugin.name)
-    return {} if plugin is None else plugin.stats()

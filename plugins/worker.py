@@ -502,3 +502,18 @@ class CruxWorkerPlugin(WorkerPlugin):
                 "files_gone": files.gone if files else 0,
                 "shard_errors": self.shards.errors if self.shards else 0}
 
+
+# -- what the client runs on each worker ------------------------------------------
+# Here, not with the client API: a function a client runs is imported by the
+# worker from its module, and this one the worker has loaded already (the
+# client API would load pandas and the graph's modules into every worker).
+async def flush_worker(dask_worker: Worker) -> bool:
+    """Send what the worker's plugin buffered (see :meth:`CruxWorkerPlugin.flush`)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return True if plugin is None else await plugin.flush()
+
+
+def worker_stats(dask_worker: Worker) -> dict[str, Any]:
+    """The worker's plugin's counts (:meth:`CruxWorkerPlugin.stats`); empty without it."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return {} if plugin is None else plugin.stats()

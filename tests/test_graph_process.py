@@ -18,6 +18,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
 from crux_dask.plugins.graph_process import GraphProcess
+from crux_dask.plugins.worker import flush_worker
 
 TOKEN = "graph-process-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -90,7 +91,7 @@ async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
 
     # The cluster goes on; later events are counted as dropped, never applied.
     assert await c.submit(inc, 2, key="after") == 3
-    await c.run(crux_dask.plugins.api._flush_worker)
+    await c.run(flush_worker)
     after = await asyncio.wait_for(crux_dask.get_pag(c), 10)
     assert "before" in set(after.states["key"]) and "after" not in set(after.states["key"])
     path = await crux_dask.get_wcp(c)  # computed here instead, on what it sent

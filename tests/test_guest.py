@@ -144,3 +144,27 @@ async def test_teardown_with_a_send_stuck_in_flight_is_bounded(c, s):
         assert await c.gather(x) == 1  # and the worker works on
     assert elapsed < 1.0 + 0.5  # the teardown's bound and the round trip
     assert plugin.stats()["events_unsent"] == plugin.counts["events_recorded"]
+
+
+def loaded(names: tuple[str, ...]) -> list[str]:
+    import sys
+
+    return [name for name in names if name in sys.modules]
+
+
+def test_what_the_client_asks_of_workers_loads_nothing_into_them():
+    """A worker runs what a client's flush and stats ask from the module it loaded
+    with the plugin: never the client API, the graph's modules or pandas."""
+    from distributed import LocalCluster
+
+    heavy = ("crux_dask.plugins.api", "crux_dask.pag", "crux_dask.store", "pandas")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        assert client.submit(inc, 1).result() == 2
+        assert crux_dask.get_pag(client).states["key"].str.startswith("inc").any()
+        (stats,) = crux_dask.get_stats(client)["workers"].values()
+        assert stats["events_recorded"] > 0
+        (found,) = client.run(loaded, heavy).values()
+        assert found == []
+        assert client.run_on_scheduler(loaded, heavy) != []  # where they belong

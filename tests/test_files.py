@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from distributed import Client, LocalCluster
-from distributed.utils_test import gen_cluster
+from distributed.utils_test import gen_cluster, poll_for
 
 import crux_dask
 from crux_dask import PAGBuilder
@@ -238,6 +238,10 @@ async def test_patterns_and_annotations_decide_what_is_recorded(c, s, a, tmp_pat
     assert (pag.states["location"] == f"file@elsewhere:{tmp_path}/told.h5").sum() == 1
 
 
+def held(dask_worker) -> int:
+    return len(dask_worker.data)
+
+
 def check_breakdown(path) -> None:
     assert set(path.breakdown) == set(CATEGORIES)
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
@@ -254,6 +258,9 @@ def test_a_csv_to_parquet_pipeline_and_its_second_reading(crux_client, tmp_path)
     df.assign(z=df.x * 2).to_parquet(str(tmp_path / "out.parquet"))
     total = dd.read_parquet(str(tmp_path / "out.parquet"))["z"].sum().compute()
     assert total == sum(2 * (5_000 * (i + 1)) * (5_000 * (i + 1) - 1) // 2 for i in range(4))
+    # The result is released once the client has it: the graph is compared with
+    # its export below, so both must come after its release.
+    poll_for(lambda: not any(crux_client.run(held).values()), timeout=30)
 
     pag = crux_dask.get_pag(crux_client)
     files = file_states(pag, tmp_path)

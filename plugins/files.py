@@ -46,6 +46,8 @@ __all__ = ["FileRecorder"]
 #: the only one when there is one (a worker process has one worker).
 _recorders: dict[int, FileRecorder] = {}
 _single: FileRecorder | None = None
+#: The only recorder's :attr:`FileRecorder.by_task` (None unless there is one).
+_single_by_task: dict | None = None
 _installed = False
 _install_lock = threading.Lock()
 
@@ -61,39 +63,48 @@ _SKIPPED_SUFFIXES = (".py", ".pyc", ".so", ".pth")
 _SKIPPED_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 
-def _audit(event: str, args: tuple, _state: Any = thread_state,
-           _watching: dict = _recorders) -> None:
+def _audit(event: str, args: tuple, _state: Any = thread_state) -> None:
     """The process's audit hook: note an ``open`` (or a file moved) by a task for its
     worker's recorder.
 
-    As little as can be, in the task's thread (the defaults save global
-    lookups): which recorder, and the path and flags appended to the task's
-    list, one after the other (kept as a tuple, each open would keep one more
-    object for the garbage collector to walk); the rest waits for
-    :meth:`FileRecorder.done`.  A file written under a temporary name and
-    then renamed (or linked) to its own, as zarr's stores write, is noted as
-    both names, the first marked as moved away and the second as written.
+    As little as can be, in the task's thread (the default saves a global
+    lookup): with one recorder in the process (a worker process has one
+    worker), an ``open`` of a task that opened files before costs two
+    lookups and two appends of its path and flags to the task's list (kept
+    as a tuple, each open would keep one more object for the garbage
+    collector to walk); anything else goes to :func:`_open_slowly`, and the
+    rest waits for :meth:`FileRecorder.take`.  A file written under a
+    temporary name and then renamed (or linked) to its own, as zarr's stores
+    write, is noted as both names, the first marked as moved away and the
+    second as written.
     """
     if event == "open":
-        if not _watching:
-            return
         try:
-            key = getattr(_state, "key", None)
-            if key is None:  # no task's thread: perhaps one working for a task
-                _note_for_a_task(args[0], args[2])
-                return
-            recorder = _single or _watching[id(_state.execution_state["worker"])]
-            opened = recorder.by_task.get(key)
-            if opened is None:
-                recorder.note(key, threading.get_ident(), args[0], args[2])
-            else:  # what note() does, inline: every open of a task pays for a call
-                opened.append(args[0])
-                opened.append(args[2])
-        except Exception:  # an audit hook that raises fails the open: never
+            opened = _single_by_task[_state.key]
+        except Exception:  # no single recorder, no task in this thread, or its first open
+            _open_slowly(args[0], args[2])
             return
+        opened.append(args[0])
+        opened.append(args[2])
     elif event in _MOVES:  # noted as two opens of its own
         _audit("open", (args[0], None, _MOVED_AWAY))
         _audit("open", (args[1], None, _MOVED_HERE))
+
+
+def _open_slowly(path: Any, flags: int, _state: Any = thread_state) -> None:
+    """An ``open`` the hook's quick way does not cover: the first of a task, one in a
+    thread that runs no task, or any while several recorders share the process."""
+    if not _recorders:
+        return
+    try:
+        key = getattr(_state, "key", None)
+        if key is None:  # no task's thread: perhaps one working for a task
+            _note_for_a_task(path, flags)
+            return
+        recorder = _single or _recorders[id(_state.execution_state["worker"])]
+        recorder.note(key, threading.get_ident(), path, flags)
+    except Exception:  # an audit hook that raises fails the open: never
+        return
 
 
 def _note_for_a_task(path: Any, flags: int) -> None:
@@ -110,6 +121,13 @@ def _note_for_a_task(path: Any, flags: int) -> None:
         return
     ((thread, key),) = running.items()  # may have changed meanwhile: the caller catches
     recorder.note(key, thread, path, flags)
+
+
+def _single_or_none() -> None:
+    """Set the recorder the hook's quick way takes: the only one, if there is one."""
+    global _single, _single_by_task
+    _single = next(iter(_recorders.values())) if len(_recorders) == 1 else None
+    _single_by_task = None if _single is None else _single.by_task
 
 
 def _install() -> None:
@@ -164,18 +182,16 @@ class FileRecorder:
 
     def start(self) -> None:
         """Watch the worker's tasks from now on (call it in the worker's event loop)."""
-        global _single
         self.loop_thread = threading.get_ident()
         _install()
         _recorders[id(self.worker)] = self
-        _single = self if len(_recorders) == 1 else None
+        _single_or_none()
 
     def stop(self) -> None:
         """Stop watching; what was recorded for tasks not done yet is dropped."""
-        global _single
         if _recorders.get(id(self.worker)) is self:
             del _recorders[id(self.worker)]
-        _single = next(iter(_recorders.values())) if len(_recorders) == 1 else None
+        _single_or_none()
         self.by_task.clear()
         self._first.clear()
 

@@ -4,14 +4,14 @@ Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`: tuples
 in the builder's form, tasks as the transition hook recorded them
 (:mod:`crux_dask.plugins.tasks`), graphs that reached the scheduler, lost
 workers, the workers' batches, and the files of tasks a worker sized after
-their completion (joined to their task's entry before it is applied).  The same queue entries feed an ingest in a
-process of its own (:mod:`crux_dask.plugins.graph_process`).  The
-graph grows from the queue in slices of a few milliseconds each (at most
-``slice_events`` events, fewer while events are slow to apply), each followed
-by a turn of the event loop: from the periodic callback, from a
-callback a hook schedules when the queue passes ``crux-dask.max-pending-events``,
-and from :meth:`Ingest.drain` when a client asks for the graph.  Requests to
-the dashboard read what is applied so far.
+their completion (joined to their task's entry before it is applied). The same
+queue entries feed an ingest in a process of its own
+(:mod:`crux_dask.plugins.graph_process`). The graph grows from the queue in
+slices of a few milliseconds each (at most ``slice_events`` events, fewer while
+events are slow to apply), each followed by a turn of the event loop: from the
+periodic callback, from a callback a hook schedules when the queue passes
+``crux-dask.max-pending-events``, and from :meth:`Ingest.drain` when a client
+asks for the graph. Requests to the dashboard read what is applied so far.
 """
 
 from __future__ import annotations

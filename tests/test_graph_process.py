@@ -13,7 +13,7 @@ import sys
 import dask
 import psutil
 from distributed import Client, LocalCluster
-from distributed.utils_test import async_poll_for, gen_cluster, inc
+from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
@@ -34,6 +34,10 @@ def workflow(client: Client) -> None:
     assert client.compute(total).result() == 15 + 55
 
 
+def held(dask_worker) -> int:
+    return len(dask_worker.data)
+
+
 def shape(pag: crux_dask.PAG) -> tuple[list, list]:
     """The graph without times and ids: each state's key, label and kind of place, and
     each mutation's kind between the keys of its ends."""
@@ -52,6 +56,8 @@ def recorded(graph_process: bool) -> tuple[crux_dask.PAG, dict]:
             Client(cluster) as client:
         crux_dask.attach(client)
         workflow(client)
+        # The result is released once the client has it: compare graphs after that.
+        poll_for(lambda: not any(client.run(held).values()), timeout=30)
         pag = crux_dask.get_pag(client)
         # Computed where the graph is: the same path as on the copy the client got.
         served = crux_dask.get_wcp(client)

@@ -17,23 +17,27 @@ the longest delay past that.  Each phase is measured apart:
     within a few seconds, showing the graph's critical path; beside them,
     for reference, pages of distributed's own dashboard (``/status``, the
     task stream, the progress bars): making a Bokeh document of a page
-    holds the loop whatever the page shows.
+    holds the loop whatever the page shows.  With ``--browser``, the pages
+    are opened in headless Chromium instead, which also pulls each page's
+    models and follows its changes over a websocket.
 
 Target: no stretch above 10 ms because of Crux, and never distributed's
 "event loop was unresponsive" warning.
 
-Usage: ``python benchmarks/loop_block.py [--tasks N]``
+Usage: ``python benchmarks/loop_block.py [--tasks N] [--browser]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from distributed import Client
@@ -88,9 +92,32 @@ def export(client: Client) -> None:
         crux_dask.export_parquet(client, out)
 
 
+def fetch(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=300) as response:
+        response.read()
+
+
+def open_in_chromium() -> Callable[[str], None]:
+    """A function that opens a page in headless Chromium (which stays open until exit)."""
+    import atexit
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    atexit.register(driver.quit)
+    return driver.get
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=400_000)
+    parser.add_argument("--browser", action="store_true",
+                        help="open the pages in headless Chromium (with chromedriver)")
     args = parser.parse_args()
     batches, n_events, _ = encode(args.tasks)
     with tempfile.TemporaryDirectory() as directory, \
@@ -104,7 +131,7 @@ def main() -> None:
             while not scheduler_file.exists():
                 time.sleep(0.1)
             with Client(scheduler_file=str(scheduler_file)) as client:
-                run(client, batches, n_events)
+                run(client, batches, n_events, args.browser)
         finally:
             scheduler.terminate()
             scheduler.wait()
@@ -115,7 +142,7 @@ def main() -> None:
                 print("   ", line.strip())
 
 
-def run(client: Client, batches: list[bytes], n_events: int) -> None:
+def run(client: Client, batches: list[bytes], n_events: int, browser: bool) -> None:
     client.run_on_scheduler(start_watch)
     client.run_on_scheduler(longest_since_reset)
     results = {}
@@ -140,9 +167,9 @@ def run(client: Client, batches: list[bytes], n_events: int) -> None:
         results[phase] = max(results.get(phase, 0.0), seconds)
         print(f"  {phase}: {seconds * 1e3:.1f} ms", flush=True)
     address = client.dashboard_link.rsplit("/", 1)[0]
+    open_page = open_in_chromium() if browser else fetch
     for page in PAGES + REFERENCE_PAGES:
-        with urllib.request.urlopen(address + page, timeout=300) as response:
-            response.read()
+        open_page(address + page)
         time.sleep(SHOWN_WITHIN)  # what the page computes in a thread is shown meanwhile
         seconds = client.run_on_scheduler(longest_since_reset)
         phase = "dashboard" if page in PAGES else "distributed's own pages"

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
+import dask
+from bokeh.application import Application
+from bokeh.application.handlers.handler import Handler
+from bokeh.document import Document
+from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, Select, TextInput
 from bokeh.server.server import BokehTornado
+from bokeh.server.util import create_hosts_allowlist
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
-from distributed.dashboard.core import BokehApplication
+from distributed.dashboard.core import DaskBokehTornado
 from distributed.dashboard.scheduler import template_variables
 from distributed.utils import log_errors
 from tornado.ioloop import IOLoop
@@ -52,29 +61,96 @@ INDIVIDUAL = {
 }
 UPDATE_INTERVAL = 500  # milliseconds
 CHECK_INTERVAL = 100  # milliseconds: how soon a path chosen on the page is shown
+STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages
 
 
-def crux_doc(data: Source, runs: Runs, scheduler: Any, extra: dict, doc: Any) -> None:
-    """The ``/crux`` page: all components, in the dashboard's template."""
+class MadeOffLoop(Handler):
+    """A Bokeh page whose components are made in a thread, then shown in stages.
+
+    Making a page's Bokeh models is most of what a page costs (the ``/crux``
+    page's are a few hundred, and take a tenth of a second or more): Bokeh
+    awaits :meth:`on_session_created` before it fills the session's document
+    on the event loop, so they are made there, in a thread of their own, and
+    :meth:`modify_document` only shows them.  ``make()`` returns the
+    function that shows them in a document (:func:`show_in_stages`).
+    """
+
+    def __init__(self, make: Callable[[], Callable[[Document], None]]) -> None:
+        super().__init__()
+        self._make = make
+        self._made: WeakKeyDictionary = WeakKeyDictionary()
+
+    async def on_session_created(self, session_context: Any) -> None:
+        self._made[session_context] = await asyncio.wrap_future(
+            in_thread(self._make, name="crux-page"))
+
+    def modify_document(self, doc: Document) -> None:
+        context = doc.session_context
+        show = self._made.pop(context, None) if context is not None else None
+        (show or self._make())(doc)  # made here if it was not made before (or failed)
+
+
+def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> None:
+    """Add ``root`` to ``doc`` now, and each of ``parts`` to ``body`` (a layout in it)
+    once the browser showed the rest, one per turn of the event loop.
+
+    Bokeh checks a document's models when the session starts, and the browser
+    pulls them all at once: a page added whole holds the event loop for both
+    (70 ms for ``/crux``).  Added a part at a time, each is checked and sent as a
+    change of its own.  A client that never says the page is shown (BokehJS does,
+    ``DocumentReady``) gets them after :data:`STAGES_AT_THE_LATEST` ms.
+    """
+    doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
+    doc.add_root(root)
+    waiting = list(parts)
+
+    def add_next(*_: Any) -> None:
+        if waiting:
+            body.children.append(waiting.pop(0))
+            doc.add_next_tick_callback(add_next)
+
+    def start(*_: Any) -> None:
+        if waiting and not started:
+            started.append(True)
+            add_next()
+
+    started: list[bool] = []
+    doc.on_event(DocumentReady, start)
+    doc.add_timeout_callback(start, STAGES_AT_THE_LATEST)
+
+
+def crux_page(data: Source, runs: Runs, extra: dict) -> Callable[[Document], None]:
+    """The ``/crux`` page: all components, in the dashboard's template.
+
+    Makes the components (in any thread); what it returns shows them in a
+    document, on the event loop, with the selectors, which read the
+    scheduler's state.
+    """
     selection = PathSelection()
     choice = RunChoice()
     selected = selected_source(chosen_source(data, runs, choice), selection)
     updaters, layout = crux_layout(selected)
-    for updater in updaters:
-        updater.update()  # starts computing what the page shows, in a thread
-        add_periodic_callback(doc, updater, UPDATE_INTERVAL)
-    selector = RunSelector(runs, choice, updaters)
-    add_periodic_callback(doc, selector, UPDATE_INTERVAL)
-    check = SelectionCheck(selected, selection, updaters)
-    add_periodic_callback(doc, check, CHECK_INTERVAL)
-    scopes = ScopeSelector(runs.plugin, check)
-    add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
-    doc.title = "Dask: Crux"
-    doc.add_root(column(row(selector.root, scopes.root, path_controls(check)),
-                        layout, sizing_mode="stretch_width"))
-    doc.template = env.get_template("simple.html")
-    doc.template_variables.update(extra)
-    doc.theme = BOKEH_THEME
+    parts = list(layout.children)
+    layout.children = []
+
+    def show(doc: Document) -> None:
+        for updater in updaters:
+            updater.update()  # starts computing what the page shows, in a thread
+            add_periodic_callback(doc, updater, UPDATE_INTERVAL)
+        selector = RunSelector(runs, choice, updaters)
+        add_periodic_callback(doc, selector, UPDATE_INTERVAL)
+        check = SelectionCheck(selected, selection, updaters)
+        add_periodic_callback(doc, check, CHECK_INTERVAL)
+        scopes = ScopeSelector(runs.plugin, check)
+        add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
+        doc.title = "Dask: Crux"
+        doc.template = env.get_template("simple.html")
+        doc.template_variables.update(extra)
+        root = column(row(selector.root, scopes.root, path_controls(check)), layout,
+                      sizing_mode="stretch_width")
+        show_in_stages(doc, root, layout, parts)
+
+    return show
 
 
 class RunSelector(DashboardComponent):
@@ -257,19 +333,30 @@ def _state_id(text: str, name: str) -> int | None:
     return int(text)
 
 
-def individual_doc(cls: type, data: Source, scheduler: Any, extra: dict, doc: Any) -> None:
+def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
+    """An individual page: one component, all the window."""
     component = cls(data, sizing_mode="stretch_both")
-    # What it shows is computed off the event loop, from the first update on.
-    updater = component if isinstance(component, SuggestionTable) else OffLoop(data, [component])
-    updater.update()
-    add_periodic_callback(doc, updater, UPDATE_INTERVAL)
-    doc.title = f"Dask: Crux {cls.__name__}"
-    doc.add_root(component.root)
-    doc.theme = BOKEH_THEME
+
+    def show(doc: Document) -> None:
+        # What it shows is computed off the event loop, from the first update on.
+        updater = (component if isinstance(component, SuggestionTable)
+                   else OffLoop(data, [component]))
+        updater.update()
+        add_periodic_callback(doc, updater, UPDATE_INTERVAL)
+        doc.title = f"Dask: Crux {cls.__name__}"
+        body = column(sizing_mode="stretch_both")
+        show_in_stages(doc, body, body, [component.root])
+
+    return show
 
 
 def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
-    """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none."""
+    """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none.
+
+    Served as distributed serves its own (``BokehApplication``), under the
+    same prefix and with the same settings, by pages of their own kind
+    (:class:`MadeOffLoop`).
+    """
     application = getattr(scheduler, "http_application", None)
     existing = [app for app in getattr(application, "applications", [])
                 if isinstance(app, BokehTornado)]
@@ -277,10 +364,6 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
         return False
     if any("/crux" in app.app_paths for app in existing):
         return True  # installed already (the plugin was registered again)
-    data = live_source(plugin)
-    routes = {"/crux": functools.partial(crux_doc, data, Runs(plugin))}
-    routes.update({route: functools.partial(individual_doc, cls, data)
-                   for route, cls in INDIVIDUAL.items()})
     variables = template_variables(scheduler)
     if "crux" not in variables["pages"]:
         variables["pages"].append("crux")
@@ -289,7 +372,19 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
             for route in INDIVIDUAL)
         variables["plots"].sort(key=lambda plot: plot["name"])
     prefix = existing[0].prefix
-    app = BokehApplication(routes, scheduler, prefix=prefix, template_variables=variables)
+    prefix = "/" + prefix.strip("/") + "/" if prefix else "/"
+    extra = {"prefix": prefix, **variables}
+    data = live_source(plugin)
+    pages = {"/crux": functools.partial(crux_page, data, Runs(plugin), extra)}
+    pages.update({route: functools.partial(individual_page, cls, data)
+                  for route, cls in INDIVIDUAL.items()})
+    settings = dask.config.get("distributed.scheduler.dashboard.bokeh-application").copy()
+    origins = create_hosts_allowlist(settings.pop("allow_websocket_origin"),
+                                     scheduler.http_server.port)
+    app = DaskBokehTornado({route: Application(MadeOffLoop(make))
+                            for route, make in pages.items()},
+                           prefix=prefix, use_index=False, extra_websocket_origins=origins,
+                           absolute_url="", **settings)
     application.add_application(app)
     app.initialize(IOLoop.current())
     app.start()

@@ -77,6 +77,45 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
         assert code == 200, route
 
 
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
+    """The page's components are made off the event loop; the document gets them one
+    at a time once its client says it shows the rest (here no browser says so: the
+    event BokehJS sends is triggered as the server would on its message)."""
+    from bokeh.events import DocumentReady
+
+    from crux_dask.dashboard import pages
+
+    made_in = []
+    crux_layout, at_the_latest = pages.crux_layout, pages.STAGES_AT_THE_LATEST
+
+    def recorded_layout(data):
+        made_in.append(threading.current_thread())
+        return crux_layout(data)
+
+    pages.crux_layout, pages.STAGES_AT_THE_LATEST = recorded_layout, 600_000
+    try:
+        await crux_dask.attach(c)
+        await c.compute(diamond())
+        code, _ = await fetch(s, "/crux")
+    finally:
+        pages.crux_layout, pages.STAGES_AT_THE_LATEST = crux_layout, at_the_latest
+    assert code == 200
+    assert len(made_in) == 1 and made_in[0] is not threading.current_thread()
+    (server,) = [app for app in s.http_application.applications
+                 if "/crux" in getattr(app, "app_paths", ())]
+    (session,) = server.get_sessions("/crux")
+    document = session.document
+    _, body = document.roots[0].children
+    assert body.children == []  # nothing but the selectors before the page is shown
+    assert document.get_model_by_name("crux-run") is not None
+    await session.with_document_locked(document.callbacks.trigger_event, DocumentReady())
+    await async_poll_for(lambda: len(body.children) == 5, timeout=10)
+    names = {model.name for part in body.children for model in part.references()}
+    assert {"crux-breakdown", "crux-prefixes", "crux-steps", "crux-timeline-bars",
+            "crux-overview", "crux-suggestions"} <= names
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
 async def test_components_show_the_critical_path(c, s, a, b):
     await crux_dask.attach(c)
@@ -498,12 +537,16 @@ def watched_cluster():
         driver.quit()
 
 
-def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path):
+def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch):
     from selenium.webdriver.common.by import By
+
+    from crux_dask.dashboard import pages
 
     with watched_cluster() as (driver, c, url):
         dask.compute(diamond())
         path = crux_dask.get_wcp(c)
+        # The page's parts come when the browser says it shows the rest: not later.
+        monkeypatch.setattr(pages, "STAGES_AT_THE_LATEST", 600_000)
         driver.get(f"{url}/status")
         driver.find_element(By.LINK_TEXT, "Crux").click()
         assert driver.current_url.rstrip("/").endswith("/crux")

@@ -65,14 +65,14 @@ STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages
 
 
 class MadeOffLoop(Handler):
-    """A Bokeh page whose components are made in a thread, then shown in stages.
+    """A Bokeh page whose components are made in a thread, not on the event loop.
 
     Making a page's Bokeh models is most of what a page costs (the ``/crux``
-    page's are a few hundred, and take a tenth of a second or more): Bokeh
+    page has a few hundred, made in a tenth of a second or more): Bokeh
     awaits :meth:`on_session_created` before it fills the session's document
     on the event loop, so they are made there, in a thread of their own, and
     :meth:`modify_document` only shows them.  ``make()`` returns the
-    function that shows them in a document (:func:`show_in_stages`).
+    function that shows them in a document (with :func:`show_in_stages`).
     """
 
     def __init__(self, make: Callable[[], Callable[[Document], None]]) -> None:
@@ -92,29 +92,31 @@ class MadeOffLoop(Handler):
 
 def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> None:
     """Add ``root`` to ``doc`` now, and each of ``parts`` to ``body`` (a layout in it)
-    once the browser showed the rest, one per turn of the event loop.
+    once the browser shows the rest, one per turn of the event loop.
 
-    Bokeh checks a document's models when the session starts, and the browser
-    pulls them all at once: a page added whole holds the event loop for both
-    (70 ms for ``/crux``).  Added a part at a time, each is checked and sent as a
-    change of its own.  A client that never says the page is shown (BokehJS does,
-    ``DocumentReady``) gets them after :data:`STAGES_AT_THE_LATEST` ms.
+    Bokeh checks every model of a document when its session starts, and the
+    browser pulls them all at once: a page added whole holds the event loop
+    for both, tens of milliseconds for ``/crux``.  Added a part at a time,
+    the check sees only ``root`` and each part is sent as a change of its
+    own.  A client that never says it shows the page (BokehJS does:
+    ``DocumentReady``) gets the parts after :data:`STAGES_AT_THE_LATEST` ms.
     """
     doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
     doc.add_root(root)
     waiting = list(parts)
+    started = False
 
-    def add_next(*_: Any) -> None:
+    def add_next() -> None:
         if waiting:
             body.children.append(waiting.pop(0))
             doc.add_next_tick_callback(add_next)
 
     def start(*_: Any) -> None:
-        if waiting and not started:
-            started.append(True)
+        nonlocal started
+        if not started:
+            started = True
             add_next()
 
-    started: list[bool] = []
     doc.on_event(DocumentReady, start)
     doc.add_timeout_callback(start, STAGES_AT_THE_LATEST)
 

@@ -196,7 +196,9 @@ def test_every_second_of_a_real_collection_has_a_cause(two_by_two, name):
     dask.compute(COLLECTIONS[name]())
     path = crux_dask.get_wcp(client)
     check_breakdown(path)
-    assert path.breakdown["wait"] <= 0.1 * path.length, path.summary()
+    steps = path.to_frame()[["via", "kind", "key", "busy", "scheduling", "wait"]]
+    assert path.breakdown["wait"] <= 0.1 * path.length, \
+        f"{path.summary()}\n{steps.to_string()}"
     assert len(path) >= 3
 
 

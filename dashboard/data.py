@@ -13,6 +13,7 @@ import numpy as np
 from distributed.dashboard.components import DashboardComponent
 from distributed.utils import log_errors
 
+from crux_dask.dashboard.pieces import set_in_pieces
 from crux_dask.model import file_group
 from crux_dask.pag import PAG
 from crux_dask.plugins.scopes import group_of
@@ -276,8 +277,8 @@ class Component(DashboardComponent):
 
     def show(self, computed: Any) -> None:
         """Set what :meth:`compute` returned on the component's models: by default, the
-        column data of its ``source``."""
-        self.source.data = computed
+        column data of its ``source``, in pieces if it is long (:func:`set_in_pieces`)."""
+        set_in_pieces(self.source, computed)
 
 
 def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"

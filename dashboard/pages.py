@@ -40,6 +40,7 @@ from crux_dask.dashboard.data import (
 )
 from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
+from crux_dask.dashboard.pieces import held_back, set_in_pieces
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.suggestions import SuggestionTable
@@ -98,8 +99,9 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> Non
     browser pulls them all at once: a page added whole holds the event loop
     for both, tens of milliseconds for ``/crux``.  Added a part at a time,
     the check sees only ``root`` and each part is sent as a change of its
-    own.  A client that never says it shows the page (BokehJS does:
-    ``DocumentReady``) gets the parts after :data:`STAGES_AT_THE_LATEST` ms.
+    own, its long sources in pieces after it (:func:`held_back`).  A client
+    that never says it shows the page (BokehJS does: ``DocumentReady``) gets
+    the parts after :data:`STAGES_AT_THE_LATEST` ms.
     """
     doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
     doc.add_root(root)
@@ -108,7 +110,11 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> Non
 
     def add_next() -> None:
         if waiting:
-            body.children.append(waiting.pop(0))
+            part = waiting.pop(0)
+            held = held_back(part)
+            body.children.append(part)
+            for source, data in held:
+                set_in_pieces(source, data)
             doc.add_next_tick_callback(add_next)
 
     def start(*_: Any) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
 
 from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.pieces import text
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
            "scheduling", "rescheduled", "queued", "wait", "scope")
@@ -45,11 +46,10 @@ class StepsTable(Component):
         ], **kwargs)
 
     def compute(self, view: GraphView) -> dict[str, Any]:
-        """The path's steps: numbers as numpy arrays (sent to the browser in binary, not
-        one JSON value at a time: a long path's table held the event loop for tens of
-        milliseconds), text as lists."""
+        """The path's steps, as numpy arrays: numbers go to the browser in binary, text as
+        one list (see :mod:`.pieces`), not one JSON value at a time."""
         steps = view.wcp().to_frame()
         scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
                  else [""] * len(steps))
-        return {**{c: steps[c].tolist() if c in TEXT else steps[c].to_numpy()
-                   for c in COLUMNS[:-1]}, "scope": list(scope)}
+        return {**{c: text(steps[c]) if c in TEXT else steps[c].to_numpy()
+                   for c in COLUMNS[:-1]}, "scope": text(scope)}

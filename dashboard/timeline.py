@@ -12,16 +12,19 @@ from typing import Any
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
-from bokeh.transform import dodge
+from bokeh.transform import dodge, factor_cmap
 
 from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.pieces import set_in_pieces, text
 from crux_dask.model import CauseKind, MutationKind
 
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
-COLUMNS = ("lane", "left", "right", "wait_left", "kind", "via", "color", "key", "label",
-           "size", "source", "destination", "busy", "io", "client", "scheduling",
-           "rescheduled", "queued", "wait", "start", "stop")
-LINKS = ("x0", "y0", "x1", "y1", "color", "via")
+#: A bar's lane is its step's destination.
+COLUMNS = ("left", "right", "wait_left", "kind", "via", "key", "label", "size", "source",
+           "destination", "busy", "io", "client", "scheduling", "rescheduled", "queued", "wait",
+           "start", "stop")
+TEXT = ("kind", "via", "key", "label", "source", "destination")
+LINKS = ("x0", "y0", "x1", "y1", "kind", "via")
 
 
 class WCPTimeline(Component):
@@ -35,14 +38,16 @@ class WCPTimeline(Component):
                            x_axis_label="seconds since the path's start", name="crux-timeline",
                            tools="xpan,xwheel_zoom,reset", height=300, **kwargs)
         lanes = self.root.y_range
+        # Colours are mapped in the browser: no column of them to send.
+        color = factor_cmap("kind", list(KIND_COLORS.values()), list(KIND_COLORS))
         self.bars = self.root.quad(left="left", right="right",
-                                   top=dodge("lane", 0.35, range=lanes),
-                                   bottom=dodge("lane", -0.35, range=lanes),
-                                   color="color", source=self.source, legend_field="kind",
+                                   top=dodge("destination", 0.35, range=lanes),
+                                   bottom=dodge("destination", -0.35, range=lanes),
+                                   color=color, source=self.source, legend_field="kind",
                                    name="crux-timeline-bars")
-        self.root.segment(x0="wait_left", x1="left", y0="lane", y1="lane", line_dash="dotted",
-                          line_color="color", source=self.source)
-        self.root.segment(x0="x0", y0="y0", x1="x1", y1="y1", line_color="color",
+        self.root.segment(x0="wait_left", x1="left", y0="destination", y1="destination",
+                          line_dash="dotted", line_color=color, source=self.source)
+        self.root.segment(x0="x0", y0="y0", x1="x1", y1="y1", line_color=color,
                           line_width=2, source=self.links, name="crux-timeline-links")
         self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
             ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
@@ -55,39 +60,34 @@ class WCPTimeline(Component):
         self.root.legend.location = "top_left"
 
     def compute(self, view: GraphView) -> tuple[list, dict, dict]:
-        """The lanes, the bars and the links of the path of ``view``."""
+        """The lanes, the bars and the links of the path of ``view``, as numpy arrays (numbers
+        go to the browser in binary, text as one list: see :mod:`.pieces`)."""
         path = view.wcp()
         steps = path.to_frame()
         t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
         stop = steps["stop"].to_numpy() - t0
-        color = steps["kind"].map(KIND_COLORS).to_numpy(object)
-        # Numbers go as numpy arrays (sent to the browser in binary), text as lists.
         data = {
-            "lane": steps["destination"].tolist(),
             "left": stop - steps["busy"].to_numpy() - steps["io"].to_numpy(),
             "right": stop,
             "wait_left": stop - steps["cost"].to_numpy(),
-            "kind": steps["kind"].tolist(),
-            "via": steps["via"].tolist(),
-            "color": color.tolist(),
-            **{c: steps[c].tolist() for c in ("key", "label", "source", "destination")},
+            **{c: text(steps[c]) for c in TEXT},
             **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
                                                  "rescheduled", "queued", "wait", "start",
                                                  "stop")},
         }
-        handoff = (steps["via"] != "data").to_numpy()
+        handoff = data["via"] != "data"
         links = {
             "x0": data["wait_left"][handoff],
-            "y0": steps["source"][handoff].tolist(),
-            "x1": steps["start"].to_numpy()[handoff] - t0,
-            "y1": steps["destination"][handoff].tolist(),
-            "color": color[handoff].tolist(),
-            "via": steps["via"][handoff].tolist(),
+            "y0": data["source"][handoff],
+            "x1": data["start"][handoff] - t0,
+            "y1": data["destination"][handoff],
+            "kind": data["kind"][handoff],
+            "via": data["via"][handoff],
         }
-        return sorted(set(data["lane"])), data, links
+        return sorted(set(data["destination"].tolist())), data, links
 
     def show(self, computed: tuple[list, dict, dict]) -> None:
         lanes, bars, links = computed
         self.root.y_range.factors = lanes
-        self.source.data = bars
-        self.links.data = links
+        set_in_pieces(self.source, bars)
+        set_in_pieces(self.links, links)

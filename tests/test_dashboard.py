@@ -15,6 +15,11 @@ import dask
 import numpy as np
 import pandas as pd
 import pytest
+from bokeh.document import Document
+from bokeh.document.events import ColumnsStreamedEvent
+from bokeh.layouts import column as bokeh_column
+from bokeh.models import ColumnDataSource, DataTable
+from bokeh.server.callbacks import NextTickCallback
 from distributed.utils_test import async_poll_for, gen_cluster
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
@@ -23,6 +28,7 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import OffLoop, live_source, static_source
 from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
+from crux_dask.dashboard.pieces import held_back, set_in_pieces, text
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable
@@ -128,8 +134,8 @@ async def test_components_show_the_critical_path(c, s, a, b):
         component.update()
         columns = component.source.data
         assert len({len(v) for v in columns.values()}) == 1, type(component).__name__
-    assert timeline.source.data["key"] == path.steps["key"].tolist()
-    assert steps.source.data["kind"] == path.steps["kind"].tolist()
+    assert list(timeline.source.data["key"]) == path.steps["key"].tolist()
+    assert list(steps.source.data["kind"]) == path.steps["kind"].tolist()
     assert dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"])) \
         == pytest.approx(path.breakdown)
     nodes = overview.source.data
@@ -168,7 +174,7 @@ async def test_live_pages_compute_off_the_event_loop(c, s, a, b):
     steps, overview = Steps(data), PAGOverview(data)
     driver = OffLoop(data, [steps, overview])
     driver.update()
-    assert steps.source.data["kind"] == [] and overview.source.data["label"] == []
+    assert list(steps.source.data["kind"]) == [] and overview.source.data["label"] == []
     await async_poll_for(lambda: not driver.busy(), 10)
     driver.update()
     (thread, seen), = computed
@@ -260,7 +266,7 @@ async def test_path_selection_between_two_states(c, s, a, b):
     end.value = str(ids["right"])
     assert selection.end is None  # not before its path is found
     await checked()
-    assert steps.source.data["key"] == ["right"] and message.text == ""
+    assert list(steps.source.data["key"]) == ["right"] and message.text == ""
     method.value = "longest"
     await checked()
     assert selection.method == "longest"
@@ -269,12 +275,12 @@ async def test_path_selection_between_two_states(c, s, a, b):
     assert selection.end == ids["right"]  # a bad entry leaves the page as it was
     end.value = str(ids["left"])
     await checked()
-    assert steps.source.data["key"] == ["left"]
+    assert list(steps.source.data["key"]) == ["left"]
     start.value = str(ids["right"])  # the left branch does not descend from the right
     await checked()
     assert "does not descend" in message.text
     assert (selection.start, selection.end) == (ids["top"], ids["left"])
-    assert steps.source.data["key"] == ["left"]
+    assert list(steps.source.data["key"]) == ["left"]
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
@@ -311,19 +317,63 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
         selector.select.value = value
         await checked()
         expected = await crux_dask.get_wcp(c, span=name)
-        assert steps.source.data["key"] == expected.to_frame()["key"].tolist()
+        assert list(steps.source.data["key"]) == expected.to_frame()["key"].tolist()
         assert set(steps.source.data["scope"]) <= {"this", "another"}
         assert selector.message.text == ""
-    assert steps.source.data["key"] != whole
+    assert list(steps.source.data["key"]) != whole
     selector.select.value = ""
     await checked()
-    assert steps.source.data["key"] == whole and set(steps.source.data["scope"]) == {""}
+    assert list(steps.source.data["key"]) == whole and set(steps.source.data["scope"]) == {""}
     # A choice with no state in the graph shown says so and changes nothing.
     selector.scopes["nowhere"] = Scope("span", "x", "nowhere", 0.0, 1.0, frozenset({"nope"}))
     selector.select.value = "nowhere"
     await checked()
     assert "no state of the graph belongs" in selector.message.text
-    assert selection.scope is None and steps.source.data["key"] == whole
+    assert selection.scope is None and list(steps.source.data["key"]) == whole
+
+
+def run_next_ticks(doc) -> int:
+    """Run a document's next-tick callbacks as a Bokeh server would, until none is left."""
+    ran = 0
+    while pending := [cb for cb in doc.session_callbacks if isinstance(cb, NextTickCallback)]:
+        for callback in pending:
+            callback.callback()  # a one-shot callback: it removes itself
+            ran += 1
+    return ran
+
+
+def test_a_long_source_reaches_the_document_in_pieces_in_order():
+    """The first row at once, then at most a piece a turn; a newer setting stops the pieces
+    of an older one; text is sent as string arrays and kept as objects."""
+    doc = Document()
+    source = ColumnDataSource({"key": [], "seconds": []})
+    doc.add_root(source)
+    sent = []
+    doc.on_change(lambda event: sent.append(event))
+    data = {"key": text(f"k{i}" for i in range(7)), "seconds": np.arange(7.0)}
+    set_in_pieces(source, data, piece=3)
+    assert list(source.data["key"]) == ["k0"]
+    assert run_next_ticks(doc) == 2  # rows 1-3, then 4-6
+    streamed = [event for event in sent if isinstance(event, ColumnsStreamedEvent)]
+    assert [list(event.data["key"]) for event in streamed] == [["k1", "k2", "k3"],
+                                                               ["k4", "k5", "k6"]]
+    assert all(event.data["key"].dtype.kind == "U" for event in streamed)
+    assert list(source.data["key"]) == [f"k{i}" for i in range(7)]
+    assert source.data["key"].dtype == object
+    assert np.array_equal(source.data["seconds"], np.arange(7.0))
+
+    set_in_pieces(source, data, piece=3)
+    newer = {"key": text(["new"] * 5), "seconds": np.zeros(5)}
+    set_in_pieces(source, newer, piece=3)  # before a piece of the older one went out
+    run_next_ticks(doc)
+    assert list(source.data["key"]) == ["new"] * 5
+
+    part = bokeh_column(DataTable(source=ColumnDataSource(data)),
+                  DataTable(source=ColumnDataSource({"key": text(["short"])})))
+    long, short = (table.source for table in part.children)
+    (held, kept), = held_back(part, piece=3)
+    assert held is long and list(kept["key"]) == list(data["key"])
+    assert len(long.data["key"]) == 0 and list(short.data["key"]) == ["short"]
 
 
 def test_overview_stays_within_its_glyph_budget():
@@ -541,17 +591,41 @@ def watched_cluster():
 def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch):
     from selenium.webdriver.common.by import By
 
-    from crux_dask.dashboard import pages
+    from crux_dask.dashboard import pages, pieces
 
     with watched_cluster() as (driver, c, url):
         dask.compute(diamond())
         path = crux_dask.get_wcp(c)
         # The page's parts come when the browser says it shows the rest: not later.
         monkeypatch.setattr(pages, "STAGES_AT_THE_LATEST", 600_000)
+        # Long sources come in pieces: here a row at a time.
+        monkeypatch.setattr(pieces, "PIECE_ROWS", 1)
+        assert len(path) > 2
+        streamed = []  # rows per piece
+        stream = ColumnDataSource.stream
+
+        def counted(source, data, *args, **kwargs):
+            streamed.append(len(next(iter(data.values()))))
+            return stream(source, data, *args, **kwargs)
+
+        monkeypatch.setattr(ColumnDataSource, "stream", counted)
         driver.get(f"{url}/status")
         driver.find_element(By.LINK_TEXT, "Crux").click()
         assert driver.current_url.rstrip("/").endswith("/crux")
         assert rendered_bars(driver) == len(path)
+        shown = driver.execute_script("""
+            const shown = {};
+            for (const doc of Bokeh.documents) {
+                for (const name of ['crux-timeline-bars', 'crux-steps']) {
+                    const model = doc.get_model_by_name(name);
+                    if (model) { shown[name] = Array.from(model.data_source ?
+                        model.data_source.data.key : model.source.data.key); }
+                }
+            }
+            return shown;""")
+        keys = path.steps["key"].tolist()
+        assert shown == {"crux-timeline-bars": keys, "crux-steps": keys}  # all, in order
+        assert set(streamed) == {1} and len(streamed) >= 2 * (len(path) - 1)
         runs = driver.execute_script("""
             for (const doc of Bokeh.documents) {
                 const select = doc.get_model_by_name('crux-run');
@@ -666,7 +740,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     values = [value for value, _ in selector.select.options]
     assert values[0] == "" and sorted(values[1:]) == sorted(spooled)
     steps.update()
-    live_keys = steps.source.data["key"]
+    live_keys = list(steps.source.data["key"])
 
     selector.select.value = spooled[0]  # the first segment: read back in the spool's thread
 
@@ -691,7 +765,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     selector.update()
     assert "cannot show this run" in selector.message.text
     steps.update()
-    assert steps.source.data["key"] == live_keys  # the live run stays on screen
+    assert list(steps.source.data["key"]) == live_keys  # the live run stays on screen
     code, _ = await fetch(s, "/crux")
     assert code == 200
 
@@ -725,9 +799,9 @@ def test_a_thread_handoff_is_a_link_between_two_bars_and_a_row_that_says_so():
         component.update()
     assert prefixes.source.data["prefix"] == ["t0", "t1", "t2"]  # the keys' own prefixes
     assert prefixes.source.data["seconds"] == pytest.approx([1.0, 1.0, 1.0])
-    assert steps.source.data["via"] == ["data", "thread", "thread"]
+    assert list(steps.source.data["via"]) == ["data", "thread", "thread"]
     links = timeline.links.data
-    assert links["via"] == ["thread", "thread"]
+    assert list(links["via"]) == ["thread", "thread"]
     # From where the task before ended to where this one started: the same lane.
     assert links["x0"] == pytest.approx([1.0, 2.0]) and links["x1"] == pytest.approx([1.0, 2.0])
     assert set(links["y0"]) == set(links["y1"]) == {f"memory@{w}"}

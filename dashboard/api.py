@@ -312,21 +312,23 @@ class WCPHandler(CruxHandler):
             if whole:
                 start, end = self.state("start"), self.state("end")
                 try:
-                    path = await self.plugin.analyse(path_of_graph, start, end, method)
+                    text = await self.plugin.analyse(path_json, method, path_of_graph, start,
+                                                     end, method)
                 except ValueError as error:
                     raise BadParameter("start" if start is not None else "end",
                                        str(error)) from None
             else:
                 scope = select(self.plugin.scopes(), self.number("computation", int),
                                self.get_argument("span", None))
-                path = await self.plugin.analyse(path_of_scope, scope, method)
+                text = await self.plugin.analyse(path_json, method, path_of_scope, scope,
+                                                 method)
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
             return
         except ValueError as error:
             self.fail(400, str(error), "span" if "span" in str(error) else "computation")
             return
-        self.finish(json.dumps(_path(method, path), default=_plain))
+        self.finish(text)
 
     def method(self) -> str:
         method = self.get_argument("method", "observed")
@@ -336,15 +338,26 @@ class WCPHandler(CruxHandler):
         return method
 
 
-def _path(method: str, path: CriticalPath) -> dict:
-    return {"method": method, "length": path.length, "breakdown": path.breakdown,
-            "states": _records(path.states), "steps": _records(path.to_frame())}
+# -- analyses (see CruxSchedulerPlugin.analyse): the JSON of a long path or table is made
+# where it is computed, not on the event loop.
+def path_json(store: PAGStore, end: int, method: str, function: Callable[..., CriticalPath],
+              *args: Any) -> str:
+    """The JSON of the path ``function(store, end, *args)`` found by ``method``."""
+    path = function(store, end, *args)
+    return json.dumps({"method": method, "length": path.length, "breakdown": path.breakdown,
+                       "states": _records(path.states), "steps": _records(path.to_frame())},
+                      default=_plain)
+
+
+def computations_json(store: PAGStore, end: int, scopes: list) -> str:
+    """The JSON of the table of computations and spans (:func:`scopes_table`)."""
+    return json.dumps({"computations": _records(scopes_table(store, end, scopes))},
+                      default=_plain)
 
 
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
-        table = await self.plugin.analyse(scopes_table, self.plugin.scopes())
-        self.finish(json.dumps({"computations": _records(table)}, default=_plain))
+        self.finish(await self.plugin.analyse(computations_json, self.plugin.scopes()))
 
 
 class StatsHandler(CruxHandler):

@@ -16,7 +16,7 @@ import distributed
 import crux_dask
 from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
-from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
+from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
 from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
 from crux_dask.provenance import write_dataset
 from crux_dask.scopes import select
@@ -111,10 +111,10 @@ async def _get_wcp(client: Client, start: int | None, end: int | None, method: s
                    computation: int | None = None, span: str | None = None) -> CriticalPath:
     await _flush(client)
     if computation is None and span is None:
-        return await client.run_on_scheduler(_wcp_on_scheduler, start=start, end=end,
-                                             method=method)
-    return await client.run_on_scheduler(_scope_wcp_on_scheduler, method=method,
-                                         computation=computation, span=span)
+        return pickle.loads(await client.run_on_scheduler(_wcp_on_scheduler, start=start,
+                                                          end=end, method=method))
+    return pickle.loads(await client.run_on_scheduler(_scope_wcp_on_scheduler, method=method,
+                                                      computation=computation, span=span))
 
 
 def get_computations(client: Client) -> Any:
@@ -132,7 +132,7 @@ def get_computations(client: Client) -> Any:
 
 async def _get_computations(client: Client) -> Any:
     await _flush(client)
-    return await client.run_on_scheduler(_computations_on_scheduler)
+    return pickle.loads(await client.run_on_scheduler(_computations_on_scheduler))
 
 
 def get_stats(client: Client) -> Any:
@@ -195,21 +195,22 @@ async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).ingest.drain()
 
 
+# The analyses come back pickled where they ran (see ``pickled``).
 async def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
-                            method: str) -> CriticalPath:
-    return await _plugin(dask_scheduler).analyse(path_of_graph, start, end, method)
+                            method: str) -> bytes:
+    return await _plugin(dask_scheduler).analyse(pickled, path_of_graph, start, end, method)
 
 
-async def _computations_on_scheduler(dask_scheduler: Any) -> Any:
+async def _computations_on_scheduler(dask_scheduler: Any) -> bytes:
     plugin = _plugin(dask_scheduler)
-    return await plugin.analyse(scopes_table, plugin.scopes())
+    return await plugin.analyse(pickled, scopes_table, plugin.scopes())
 
 
 async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation: int | None,
-                                  span: str | None) -> CriticalPath:
+                                  span: str | None) -> bytes:
     plugin = _plugin(dask_scheduler)
-    return await plugin.analyse(path_of_scope, select(plugin.scopes(), computation, span),
-                                method)
+    return await plugin.analyse(pickled, path_of_scope,
+                                select(plugin.scopes(), computation, span), method)
 
 
 async def _fetch_staged(client: Client, stage: Any) -> tuple[tuple, list[PAGStore]]:

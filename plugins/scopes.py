@@ -8,6 +8,8 @@ groups, which is how the graph's states are matched to them.
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
@@ -79,6 +81,15 @@ def _code_line(code: Any) -> str:
 
 
 # -- analyses, as CruxSchedulerPlugin.analyse runs them: (store, end, *args) ---------
+def pickled(store: PAGStore, end: int, function: Callable[..., Any], *args: Any) -> bytes:
+    """``function(store, end, *args)``, pickled where it runs.
+
+    What a client asked for then crosses the scheduler as bytes: a long
+    path is neither unpickled nor pickled again on the scheduler's event loop.
+    """
+    return pickle.dumps(function(store, end, *args), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def path_of_graph(store: PAGStore, end: int, start: int | None, stop: int | None,
                   method: str) -> CriticalPath:
     """The critical path from ``start`` to ``stop`` (default: the graph's ``end``)."""

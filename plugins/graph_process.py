@@ -56,7 +56,7 @@ __all__ = ["GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
 #: the most states per send: the scheduler's event loop appends a send at once, about
 #: a microsecond for a state and its mutations.
 SHIP_INTERVAL = 0.05
-SHIP_STATES = 8192
+SHIP_STATES = 4096
 #: The most queue entries, and bytes of the workers' batches, per message to the
 #: process: pickling one holds the scheduler's interpreter for about a microsecond
 #: an entry, and copies the batches.

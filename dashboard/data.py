@@ -15,7 +15,6 @@ from distributed.utils import log_errors
 
 from crux_dask.dashboard.pieces import set_in_pieces
 from crux_dask.model import file_group
-from crux_dask.pag import PAG
 from crux_dask.plugins.scopes import group_of
 from crux_dask.scopes import KeyGroups, Scope, scope_path
 from crux_dask.store import PAGStore
@@ -24,6 +23,7 @@ from crux_dask.wcp import CriticalPath, critical_path
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from crux_dask.pag import PAG
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 
 

@@ -6,9 +6,8 @@ import html
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, Div, NumberFormatter, TableColumn
 from distributed.utils import log_errors
@@ -16,7 +15,11 @@ from distributed.utils import log_errors
 from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
-from crux_dask.whatif import suggest, suggest_apart
+
+# pandas (with the what-if replay) is imported when a replay is asked for: a scheduler
+# that serves no Crux page never loads it (see crux_dask.dashboard.pages).
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
 #: How much less the process replaying a live run is favoured than the scheduler.
@@ -25,6 +28,8 @@ NICENESS = 10
 
 def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
     """The ranked changes of the whole run (see :func:`crux_dask.whatif.suggest`)."""
+    from crux_dask.whatif import suggest
+
     return suggest(store, end, critical_path(store, default_end=end))
 
 
@@ -43,6 +48,8 @@ def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.Da
     RuntimeError
         If the process ended without an answer.
     """
+    from crux_dask.whatif import suggest_apart
+
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
     process = context.Process(target=suggest_apart, name="crux-what-if", daemon=True,

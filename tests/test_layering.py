@@ -40,6 +40,29 @@ def test_the_worker_side_loads_no_builder_nor_dashboard(statements):
     assert "crux_dask.plugins.config" in modules  # the defaults are registered
 
 
+def test_a_scheduler_loads_pandas_only_for_what_needs_it():
+    """pandas and pyarrow are a quarter of a second to import and a fifth more objects for
+    every full garbage collection of the scheduler: a scheduler with Crux, its dashboard
+    and a computation done loads neither until a Crux page or an analysis asks for it."""
+    modules = modules_after(
+        "import asyncio, dask, distributed\n"
+        "from distributed import Client, Scheduler, Worker\n"
+        "async def main():\n"
+        "    with dask.config.set({'distributed.scheduler.preload': ['crux_dask.plugins'],\n"
+        "                          'distributed.worker.preload': ['crux_dask.plugins']}):\n"
+        "        async with Scheduler(port=0, dashboard_address=':0') as s, \\\n"
+        "                Worker(s.address, nthreads=1), \\\n"
+        "                Client(s.address, asynchronous=True) as c:\n"
+        "            assert 'crux' in s.plugins\n"
+        "            xs = [dask.delayed(sum)([i, 1]) for i in range(20)]\n"
+        "            assert await c.compute(dask.delayed(sum)(xs)) == 210\n"
+        "            while s.plugins['crux'].stats()['states'] < 22:  # the tasks' events\n"
+        "                await asyncio.sleep(0.01)\n"
+        "asyncio.run(main())")
+    assert "crux_dask.dashboard.pages" in modules  # the Crux tab is installed
+    assert [name for name in ("pandas", "pyarrow") if name in modules] == []
+
+
 def test_importing_the_plugins_registers_the_configuration():
     modules_after("import crux_dask.plugins, dask\n"
                   "assert dask.config.get('crux-dask.batch-size') == 5000")

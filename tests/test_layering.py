@@ -51,13 +51,15 @@ def test_a_scheduler_loads_pandas_only_for_what_needs_it():
         "    with dask.config.set({'distributed.scheduler.preload': ['crux_dask.plugins'],\n"
         "                          'distributed.worker.preload': ['crux_dask.plugins']}):\n"
         "        async with Scheduler(port=0, dashboard_address=':0') as s, \\\n"
-        "                Worker(s.address, nthreads=1), \\\n"
+        "                Worker(s.address, nthreads=1) as w, \\\n"
         "                Client(s.address, asynchronous=True) as c:\n"
         "            assert 'crux' in s.plugins\n"
         "            xs = [dask.delayed(sum)([i, 1]) for i in range(20)]\n"
         "            assert await c.compute(dask.delayed(sum)(xs)) == 210\n"
-        "            while s.plugins['crux'].stats()['states'] < 22:  # the tasks' events\n"
-        "                await asyncio.sleep(0.01)\n"
+        "            from crux_dask.plugins.worker import flush_worker\n"
+        "            assert await flush_worker(w)\n"
+        "            await s.plugins['crux'].ingest.drain()\n"
+        "            assert s.plugins['crux'].stats()['states'] > 21  # the tasks' states\n"
         "asyncio.run(main())")
     assert "crux_dask.dashboard.pages" in modules  # the Crux tab is installed
     assert [name for name in ("pandas", "pyarrow") if name in modules] == []

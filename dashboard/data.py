@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from bokeh.models import ColumnDataSource
 from distributed.dashboard.components import DashboardComponent
 from distributed.utils import log_errors
 
@@ -279,6 +280,12 @@ class Component(DashboardComponent):
         """Set what :meth:`compute` returned on the component's models: by default, the
         column data of its ``source``, in pieces if it is long (:func:`set_in_pieces`)."""
         set_in_pieces(self.source, computed)
+
+    @property
+    def sources(self) -> list[ColumnDataSource]:
+        """The sources that may grow as long as the graph's critical path (held back
+        while a page adds the component, see :func:`~.pieces.hold_back`)."""
+        return [self.source]
 
 
 def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"

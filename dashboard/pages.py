@@ -40,7 +40,7 @@ from crux_dask.dashboard.data import (
 )
 from crux_dask.dashboard.layout import crux_layout
 from crux_dask.dashboard.overview import PAGOverview
-from crux_dask.dashboard.pieces import held_back, set_in_pieces
+from crux_dask.dashboard.pieces import hold_back, release
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.suggestions import SuggestionTable
@@ -91,7 +91,8 @@ class MadeOffLoop(Handler):
         (show or self._make())(doc)  # made here if it was not made before (or failed)
 
 
-def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> None:
+def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any],
+                   sources: list[ColumnDataSource]) -> None:
     """Add ``root`` to ``doc`` now, and each of ``parts`` to ``body`` (a layout in it)
     once the browser shows the rest, one per turn of the event loop.
 
@@ -99,9 +100,10 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> Non
     browser pulls them all at once: a page added whole holds the event loop
     for both, tens of milliseconds for ``/crux``.  Added a part at a time,
     the check sees only ``root`` and each part is sent as a change of its
-    own, its long sources in pieces after it (:func:`held_back`).  A client
-    that never says it shows the page (BokehJS does: ``DocumentReady``) gets
-    the parts after :data:`STAGES_AT_THE_LATEST` ms.
+    own, the long ones of ``sources`` (its components') in pieces after it
+    (:func:`~.pieces.hold_back`).  A client that never says it shows the page
+    (BokehJS does: ``DocumentReady``) gets the parts after
+    :data:`STAGES_AT_THE_LATEST` ms.
     """
     doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
     doc.add_root(root)
@@ -110,11 +112,9 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any]) -> Non
 
     def add_next() -> None:
         if waiting:
-            part = waiting.pop(0)
-            held = held_back(part)
-            body.children.append(part)
-            for source, data in held:
-                set_in_pieces(source, data)
+            hold_back(sources)
+            body.children.append(waiting.pop(0))
+            release(sources)
             doc.add_next_tick_callback(add_next)
 
     def start(*_: Any) -> None:
@@ -156,7 +156,10 @@ def crux_page(data: Source, runs: Runs, extra: dict) -> Callable[[Document], Non
         doc.template_variables.update(extra)
         root = column(row(selector.root, scopes.root, path_controls(check)), layout,
                       sizing_mode="stretch_width")
-        show_in_stages(doc, root, layout, parts)
+        show_in_stages(doc, root, layout, parts, [
+            source for updater in updaters
+            for component in getattr(updater, "components", [updater])
+            for source in component.sources])
 
     return show
 
@@ -353,7 +356,7 @@ def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
         add_periodic_callback(doc, updater, UPDATE_INTERVAL)
         doc.title = f"Dask: Crux {cls.__name__}"
         body = column(sizing_mode="stretch_both")
-        show_in_stages(doc, body, body, [component.root])
+        show_in_stages(doc, body, body, [component.root], component.sources)
 
     return show
 

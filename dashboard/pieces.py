@@ -9,7 +9,7 @@ graph (25,000 steps) took 0.15 s to encode.  Two things make that short:
   quarter as fast);
 - a long source is set a piece of :data:`PIECE_ROWS` rows per turn of the loop
   (:func:`set_in_pieces`), and a component added to a page is sent without
-  its long sources, which follow in pieces (:func:`held_back`).
+  its long sources, which follow in pieces (:func:`hold_back`, :func:`release`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import numpy as np
-from bokeh.models import ColumnDataSource, Model
+from bokeh.models import ColumnDataSource
 
-__all__ = ["PIECE_ROWS", "held_back", "set_in_pieces", "text"]
+__all__ = ["PIECE_ROWS", "hold_back", "release", "set_in_pieces", "text"]
 
 #: Rows of a source sent in one turn of the event loop: 2,000 rows of the critical path's
 #: timeline, its widest source, encode in about 5 ms.
@@ -30,6 +30,8 @@ PIECE_ROWS = 2000
 
 #: The pieces being sent: source -> the token of the data they belong to.
 _sending: WeakKeyDictionary[ColumnDataSource, object] = WeakKeyDictionary()
+#: The data of sources held back until they are in a document (see :func:`hold_back`).
+_held: WeakKeyDictionary[ColumnDataSource, dict[str, Any]] = WeakKeyDictionary()
 
 
 def text(values: Iterable[Any]) -> np.ndarray:
@@ -62,6 +64,7 @@ def set_in_pieces(source: ColumnDataSource, data: dict[str, Any],
     appending a piece copies pointers, not each string at the width of the
     longest.
     """
+    _held.pop(source, None)  # newer than what was held back
     document = source.document
     piece = piece or PIECE_ROWS
     length = rows(data)
@@ -88,17 +91,27 @@ def set_in_pieces(source: ColumnDataSource, data: dict[str, Any],
     document.add_next_tick_callback(functools.partial(send, 1))
 
 
-def held_back(model: Model, piece: int | None = None
-              ) -> list[tuple[ColumnDataSource, dict[str, Any]]]:
-    """Empty the sources of ``model`` longer than ``piece`` rows (by default
-    :data:`PIECE_ROWS`); their data.
+def hold_back(sources: Iterable[ColumnDataSource], piece: int | None = None) -> None:
+    """Empty those of ``sources`` in no document and longer than ``piece`` rows (by
+    default :data:`PIECE_ROWS`), keeping their data for :func:`release`.
 
-    Set each back with :func:`set_in_pieces` once ``model`` is in a document:
-    the model then reaches the browser without them, and they follow in pieces.
+    A model added to a document goes to the browser with all its data; a source
+    held back goes empty, and :func:`release` sends its rows in pieces after it.
+    The sources are named, not looked for among a page's models: finding them
+    walks every property of every model, on the event loop.
     """
-    held = []
-    for source in model.select({"type": ColumnDataSource}):
-        if rows(source.data) > (piece or PIECE_ROWS):
-            held.append((source, dict(source.data)))
-            source.data = {name: column[:0] for name, column in source.data.items()}
-    return held
+    for source in sources:
+        if source.document is None and rows(source.data) > (piece or PIECE_ROWS):
+            data = dict(source.data)
+            source.data = {name: column[:0] for name, column in data.items()}
+            _held[source] = data
+
+
+def release(sources: Iterable[ColumnDataSource], piece: int | None = None) -> None:
+    """Set, in pieces of ``piece`` rows, what :func:`hold_back` kept of those of
+    ``sources`` now in a document, unless newer data was set since."""
+    for source in sources:
+        if source.document is not None and source in _held:
+            data = _held.pop(source)
+            if rows(source.data) == 0:  # else set since, directly
+                set_in_pieces(source, data, piece)

@@ -86,6 +86,10 @@ class WCPTimeline(Component):
         }
         return sorted(set(data["destination"].tolist())), data, links
 
+    @property
+    def sources(self) -> list[ColumnDataSource]:
+        return [self.source, self.links]
+
     def show(self, computed: tuple[list, dict, dict]) -> None:
         lanes, bars, links = computed
         self.root.y_range.factors = lanes

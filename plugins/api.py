@@ -14,17 +14,18 @@ import dask
 import distributed
 
 import crux_dask
-from crux_dask.pag import PAG
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
 from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
-from crux_dask.provenance import write_dataset
 from crux_dask.scopes import select
 from crux_dask.store import PAGStore
 
+# The scheduler imports this module when a client runs one of the functions below on it
+# (on its event loop): what needs pandas is imported where it is used, by the client.
 if TYPE_CHECKING:
     from distributed import Client
 
+    from crux_dask.pag import PAG
     from crux_dask.wcp import CriticalPath
 
 __all__ = ["attach", "flush", "get_computations", "get_pag", "get_stats", "get_wcp"]
@@ -67,6 +68,8 @@ def get_pag(client: Client) -> Any:
 async def _get_pag(client: Client) -> PAG:
     await _flush(client)
     (end,), (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
+    from crux_dask.pag import PAG
+
     return PAG([store], [end])
 
 
@@ -177,6 +180,9 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
         "config": dask.config.get("crux-dask", default={}),
         "stats": {k: v for k, v in stats.items() if isinstance(v, (int, float, str))},
     }
+    from crux_dask.pag import PAG
+    from crux_dask.provenance import write_dataset
+
     pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions,

@@ -65,6 +65,54 @@ def test_a_scheduler_loads_pandas_only_for_what_needs_it():
     assert [name for name in ("pandas", "pyarrow") if name in modules] == []
 
 
+def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
+    """A function a client runs on the scheduler is imported there, on its event loop:
+    flushing, stats, the graph and its path leave pandas out of a scheduler process."""
+    import dask
+    from distributed import Client
+
+    import crux_dask
+
+    scheduler_file = tmp_path / "scheduler.json"
+    command = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+               "--host", "127.0.0.1", "--dashboard-address", ":0", "--preload",
+               "crux_dask.plugins", "--scheduler-file", str(scheduler_file)]
+    with subprocess.Popen(command, stderr=subprocess.DEVNULL) as scheduler:
+        worker = None
+        try:
+            address = _when_written(scheduler_file)
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                 address, "--nthreads", "1", "--no-nanny", "--dashboard-address", ":0",
+                 "--preload", "crux_dask.plugins"], stderr=subprocess.DEVNULL)
+            with Client(scheduler_file=address) as client:
+                client.wait_for_workers(1, timeout=60)
+                loaded = lambda name: name in sys.modules  # noqa: E731 (sent by value)
+                assert client.run_on_scheduler(loaded, "crux_dask.plugins.scheduler")
+                xs = [dask.delayed(sum)([i, 1]) for i in range(5)]
+                assert dask.compute(dask.delayed(sum)(xs))[0] == 15
+                crux_dask.flush(client)
+                assert crux_dask.get_stats(client)["states"] > 6
+                assert len(crux_dask.get_pag(client).states) > 6
+                assert len(crux_dask.get_wcp(client)) >= 2
+                assert not client.run_on_scheduler(loaded, "pandas")
+        finally:
+            for process in (worker, scheduler):
+                if process is not None:
+                    process.terminate()
+                    process.wait(30)
+
+
+def _when_written(path, timeout: float = 60.0) -> str:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():  # the scheduler writes it once it listens
+        assert time.monotonic() < deadline, "the scheduler did not start"
+        time.sleep(0.05)
+    return str(path)
+
+
 def test_importing_the_plugins_registers_the_configuration():
     modules_after("import crux_dask.plugins, dask\n"
                   "assert dask.config.get('crux-dask.batch-size') == 5000")

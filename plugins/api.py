@@ -66,10 +66,10 @@ def get_pag(client: Client) -> Any:
 
 
 async def _get_pag(client: Client) -> PAG:
-    await _flush(client)
-    (end,), (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
     from crux_dask.pag import PAG
 
+    await _flush(client)
+    (end,), (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
     return PAG([store], [end])
 
 

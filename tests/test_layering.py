@@ -80,7 +80,8 @@ def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
     with subprocess.Popen(command, stderr=subprocess.DEVNULL) as scheduler:
         worker = None
         try:
-            address = _when_written(scheduler_file)
+            # The worker and the client each wait for the scheduler to write its file.
+            address = str(scheduler_file)
             worker = subprocess.Popen(
                 [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
                  address, "--nthreads", "1", "--no-nanny", "--dashboard-address", ":0",
@@ -101,16 +102,6 @@ def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
                 if process is not None:
                     process.terminate()
                     process.wait(30)
-
-
-def _when_written(path, timeout: float = 60.0) -> str:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not path.exists():  # the scheduler writes it once it listens
-        assert time.monotonic() < deadline, "the scheduler did not start"
-        time.sleep(0.05)
-    return str(path)
 
 
 def test_importing_the_plugins_registers_the_configuration():

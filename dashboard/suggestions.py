@@ -17,7 +17,7 @@ from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
 
 # pandas (with the what-if replay) is imported when a replay is asked for: a scheduler
-# that serves no Crux page never loads it (see crux_dask.dashboard.pages).
+# that serves no Crux page never loads it (tests/test_layering.py checks it).
 if TYPE_CHECKING:
     import pandas as pd
 

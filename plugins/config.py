@@ -54,6 +54,11 @@ def seconds(name: str, value: Any = None) -> float:
     return float(result)
 
 
+def optional_seconds(name: str, value: Any = None) -> float | None:
+    """Like :func:`seconds`; ``None`` where the configuration says ``null``."""
+    return None if get(name, value) is None else seconds(name, value)
+
+
 def patterns(name: str) -> tuple[str, ...]:
     """A configured list of glob patterns.
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import jsonschema
 import pytest
 import yaml
+from distributed.utils_test import async_poll_for, gen_cluster, inc
 
+import crux_dask
 from crux_dask.plugins import CruxSchedulerPlugin, CruxWorkerPlugin, config
 
 
@@ -69,3 +71,15 @@ def test_configuration_is_read_when_plugins_are_built():
     with dask.config.set({"crux-dask.flush-interval": "250ms", "crux-dask.batch-size": 7}):
         plugin = CruxWorkerPlugin()
     assert plugin.flush_interval == 0.25 and plugin.batch_size == 7
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_by_default_a_worker_sends_with_its_heartbeat(c, s, a):
+    await crux_dask.attach(c)
+    plugin = a.plugins["crux"]
+    assert plugin.flush_interval is None
+    heartbeat = a.periodic_callbacks["heartbeat"]
+    await c.gather(c.map(inc, range(5)))
+    # Events reach the scheduler with no flush asked for, and no faster than heartbeats.
+    await async_poll_for(lambda: s.plugins["crux"].counts["events_from_workers"] > 0, 10)
+    assert plugin._callback.callback_time == heartbeat.callback_time == 500

@@ -18,6 +18,7 @@ Usage: ``python benchmarks/heap.py [--tasks N] [--repeats N] [--compare-with DIR
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compare-with", type=Path, metavar="DIR")
     args = parser.parse_args()
+    # The functions of overhead.py the cluster runs travel by reference to their module.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [
+        str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     configs = ("none", "crux", *(("crux-other",) if args.compare_with else ()))
     results: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="crux-heap-") as scratch:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from crux_dask.build import rules
 from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
-from crux_dask.store import NO_THREAD, PAGStore, StringTable
+from crux_dask.store import NO_THREAD, PAGStore, Strings, StringTable
 
 __all__ = ["end_state", "store_from_columns", "store_from_frames"]
 
@@ -196,7 +196,7 @@ def _into(table: StringTable, encoded: tuple[np.ndarray, list]) -> np.ndarray:
     if not table.values:  # into an empty table: in one go, if the values are distinct
         table.codes = dict(zip(values, range(len(values))))
         if len(table.codes) == len(values):
-            table.values = list(values)
+            table.values = Strings(values)
             return codes
         table.codes = {}
     mapping = np.array([table.code(v) for v in values] + [-1], dtype="int64")

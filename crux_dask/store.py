@@ -12,8 +12,8 @@ from __future__ import annotations
 import pickle
 import sys
 from array import array
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from crux_dask.model import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable"]
+__all__ = ["NO_CODE", "NO_THREAD", "PAGStore", "StringTable", "Strings"]
 
 #: Sentinel for "no thread" in the integer thread column.
 NO_THREAD = -1
@@ -41,13 +41,132 @@ NO_CODE = -1
 
 _KIND_NAMES = np.array([k.name for k in MutationKind], dtype=object)
 
+#: Strings per chunk of :class:`Strings` (a power of two).
+STRINGS_CHUNK = 1 << 14
+_SHIFT = STRINGS_CHUNK.bit_length() - 1
+_MASK = STRINGS_CHUNK - 1
+
+
+class Strings:
+    """A list of strings that only grows, out of the garbage collector's way.
+
+    A full collection reads every element of every list a process holds: a
+    graph's keys, one or more per task, would add about 13 ms per million to
+    each full collection of the scheduler that keeps the graph, and hold its
+    event loop that much longer.  The collector never walks a numpy array:
+    every :data:`STRINGS_CHUNK` strings become one, and only the newest are a
+    list.  Reads as a list: by index, by slice (a list), in order, and as a
+    numpy array (``np.asarray``).
+
+    Safe to read from a thread up to the length it had, while strings are
+    appended: the chunks, their count and the newest strings change together,
+    in one assignment.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        # (chunks, strings in them, the newest strings)
+        self._state: tuple[list[np.ndarray], int, list[str]] = ([], 0, [])
+        self.extend(values)
+
+    def __len__(self) -> int:
+        _, frozen, newest = self._state
+        return frozen + len(newest)
+
+    def append(self, value: str) -> None:
+        newest = self._state[2]
+        newest.append(value)
+        if len(newest) == STRINGS_CHUNK:
+            self._freeze()
+
+    def extend(self, values: Iterable[str]) -> None:
+        values = values if isinstance(values, list) else list(values)
+        start = 0
+        while start < len(values):
+            newest = self._state[2]
+            room = STRINGS_CHUNK - len(newest)
+            newest += values[start:start + room]
+            start += room
+            if len(newest) == STRINGS_CHUNK:
+                self._freeze()
+
+    def __iadd__(self, values: Iterable[str]) -> Strings:
+        self.extend(values)
+        return self
+
+    def _freeze(self) -> None:
+        chunks, frozen, newest = self._state
+        chunk = np.fromiter(newest, dtype=object, count=len(newest))
+        # New lists: a thread may be reading the old ones.
+        self._state = ([*chunks, chunk], frozen + len(newest), [])
+
+    def __getitem__(self, index: Any) -> Any:
+        chunks, frozen, newest = self._state
+        if isinstance(index, slice):
+            start, stop, step = index.indices(frozen + len(newest))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return _gather(chunks, frozen, newest, start, stop)
+        if index < 0:
+            index += frozen + len(newest)
+            if index < 0:
+                raise IndexError("Strings index out of range")
+        if index < frozen:
+            return chunks[index >> _SHIFT][index & _MASK]
+        return newest[index - frozen]
+
+    def tolist(self) -> list[str]:
+        """Every string, in a list."""
+        chunks, frozen, newest = self._state
+        return _gather(chunks, frozen, newest, 0, frozen + len(newest))
+
+    def __iter__(self) -> Iterator[str]:
+        chunks, _, newest = self._state
+        for chunk in chunks:
+            yield from chunk.tolist()
+        yield from newest[:]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        chunks, _, newest = self._state
+        tail = np.fromiter(newest, dtype=object, count=len(newest))
+        return np.concatenate([*chunks, tail]) if chunks else tail
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Strings):
+            other = list(other)
+        return isinstance(other, list) and len(other) == len(self) and list(self) == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __sizeof__(self) -> int:
+        chunks, _, newest = self._state
+        return object.__sizeof__(self) + sum(c.nbytes for c in chunks) + sys.getsizeof(newest)
+
+    def __repr__(self) -> str:
+        return f"Strings({len(self)} strings)"
+
+
+def _gather(chunks: list[np.ndarray], frozen: int, newest: list[str], start: int,
+            stop: int) -> list[str]:
+    """Strings ``start`` to ``stop`` of a :class:`Strings`' state, as a list."""
+    out: list[str] = []
+    while start < min(stop, frozen):
+        offset = start & _MASK
+        take = min(stop - start, STRINGS_CHUNK - offset)
+        out += chunks[start >> _SHIFT][offset:offset + take].tolist()
+        start += take
+    if start < stop:
+        out += newest[start - frozen:stop - frozen]
+    return out
+
 
 class StringTable:
     """Dictionary encoding of strings to dense integer codes.
 
     Attributes
     ----------
-    values : list of str
+    values : Strings
         The string of each code.
     codes : dict
         The code of each string.
@@ -56,7 +175,7 @@ class StringTable:
     __slots__ = ("codes", "values")
 
     def __init__(self, values: list[str] | None = None) -> None:
-        self.values: list[str] = []
+        self.values = Strings()
         self.codes: dict[str, int] = {}
         for value in values or ():
             self.code(value)
@@ -79,7 +198,7 @@ class StringTable:
         if len(codes) * 8 < len(values):  # a few rows of a large table
             strings = [values[c] if c >= 0 else None for c in codes.tolist()]
         else:
-            strings = np.array([*values, None], dtype=object)[codes]
+            strings = np.append(np.asarray(values), None)[codes]
         return pd.Series(strings, dtype="str")
 
     def nbytes(self) -> int:

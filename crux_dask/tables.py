@@ -13,7 +13,7 @@ import pandas as pd
 
 from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.rebuild import store_from_columns
-from crux_dask.store import NO_THREAD, PAGStore
+from crux_dask.store import NO_THREAD, PAGStore, Strings
 
 __all__ = [
     "causes_table",
@@ -101,10 +101,15 @@ def _dictionary(codes: np.ndarray, values: list[str] | Any) -> Any:
                                           distinct.dictionary)
 
 
-def unique(values: list[str]) -> Any:
+def unique(values: list[str] | Strings) -> Any:
     import pyarrow as pa
 
-    return pa.array(values, type=pa.string()).dictionary_encode()
+    return pa.array(_listed(values), type=pa.string()).dictionary_encode()
+
+
+def _listed(values: list[str] | Strings) -> list[str]:
+    """A table's strings as a list: Arrow reads a list at C speed, anything else by item."""
+    return values.tolist() if isinstance(values, Strings) else values
 
 
 def _threads(thread: np.ndarray) -> Any:
@@ -200,7 +205,7 @@ def tasks_table(store: PAGStore) -> Any:
     counts = np.bincount(dst[inputs], minlength=store.n_states)[made]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype("int32")
     key = store.column("state_key")
-    key_strings = pa.array(store.keys.values, type=pa.string())
+    key_strings = pa.array(store.keys.values.tolist(), type=pa.string())
     dependencies = pa.ListArray.from_arrays(
         pa.array(offsets), key_strings.take(pa.array(key[src[inputs]])))
     deleted = np.zeros(store.n_states, dtype=bool)

@@ -109,7 +109,8 @@ class FileAccess(NamedTuple):
     A read (``written`` false) comes before the task's ``compute`` event: the
     file's content reaches the worker's memory at ``time`` (the task's start),
     ``requested`` being when the scheduler sent the task, and ``root`` the
-    root state of the task's graph.  A write comes after
+    root state of the task's graph, ``inputs`` the keys of the task's
+    inputs.  A write comes after
     it: the file, ``nbytes`` long, is made from the task's data at ``time``
     (the task's stop).
     """
@@ -123,6 +124,7 @@ class FileAccess(NamedTuple):
     nbytes: int
     requested: float | None = None
     root: int = -1
+    inputs: tuple[str, ...] = ()
 
 
 class Shard(NamedTuple):

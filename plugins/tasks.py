@@ -93,8 +93,8 @@ def task_events(item: Sequence[Any], roots: Mapping[int, int] | None = None) -> 
     if not opened and not made:
         return [compute]
     return [
-        *(("file", name, worker, file_location(host, path), False, start, size, sent_at, root)
-          for path, written, size in opened if not written),
+        *(("file", name, worker, file_location(host, path), False, start, size, sent_at, root,
+           inputs) for path, written, size in opened if not written),
         compute,
         *(("file", name, worker, file_location(host, path), True, stop, size)
           for path, written, size in opened if written),

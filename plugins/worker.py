@@ -131,6 +131,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._deletes = bool(self.capture.get("deletes", True))
         self._flight_start: dict[Any, tuple[str | None, float]] = {}
         self._requested: dict[Any, float] = {}  # key -> when this worker asked for it
+        self._delays: dict[Any, float] = {}  # key -> the scheduler delay as it started
         self._on_disk: set[Any] = set()
         self._sending: asyncio.Future | None = None
         self._spill_hooks: list[tuple[list, Any]] = []
@@ -206,8 +207,10 @@ class CruxWorkerPlugin(WorkerPlugin):
         try:
             if finish == "memory":
                 if start == "executing" or start == "long-running":
-                    if self.files is not None and key in self.files.by_task:
-                        self._files_done(key)
+                    if self.files is not None:
+                        delay = self._delays.pop(key, None)
+                        if key in self.files.by_task:
+                            self._files_done(key, delay)
                     if self.shards is not None and key in self.shards.by_task:
                         self._shards_done(key)
                 elif start == "flight":
@@ -219,6 +222,9 @@ class CruxWorkerPlugin(WorkerPlugin):
             elif start == "memory":
                 if finish == "released" and self._deletes:
                     self._released(key)
+            elif finish == "executing":
+                if self.files is not None:  # the clock the task's start and stop are in
+                    self._delays[key] = self.worker.scheduler_delay
             elif finish == "ready":  # all inputs here: runnable from now on
                 metadata = self.worker.state.tasks[key].metadata
                 moments = metadata.get(MOMENTS)
@@ -237,22 +243,28 @@ class CruxWorkerPlugin(WorkerPlugin):
             elif finish in ("released", "forgotten", "missing", "error", "rescheduled"):
                 self._flight_start.pop(key, None)
                 self._requested.pop(key, None)
-                if self.files is not None and key in self.files.by_task:
-                    self.files.forget(key)
+                if self.files is not None:
+                    self._delays.pop(key, None)
+                    if key in self.files.by_task:
+                        self.files.forget(key)
                 if self.shards is not None and key in self.shards.by_task:
                     self.shards.forget(key)
         except Exception as error:
             self._hook_failed(error)
 
-    def _files_done(self, key: Any) -> None:
+    def _files_done(self, key: Any, delay: float | None) -> None:
         """Leave what the task ``key`` did with files in its metadata, if it opened any."""
         ts = self.worker.state.tasks.get(key)
+        if delay is None:
+            delay = self.worker.scheduler_delay
         if ts is None:
             self.files.forget(key)
             return
         stop = next((s["stop"] for s in reversed(ts.startstops) if s["action"] == "compute"),
                     None)
-        taken = self.files.take(key, None if stop is None else stop - self.worker.scheduler_delay)
+        # The stop is in the scheduler's clock as the worker estimated it (``delay``) when
+        # the task started: a heartbeat since may have moved the estimate by milliseconds.
+        taken = self.files.take(key, None if stop is None else stop - delay)
         if taken is None:
             return
         io, opened = taken

@@ -68,6 +68,31 @@ def test_a_file_read_by_two_tasks_is_one_state_and_a_rewrite_is_a_new_version():
     assert path.states["size"].tolist()[-3] == 250
 
 
+def test_a_read_reported_before_the_write_it_waits_for_reads_that_write():
+    # The reader's read counts at its start, the writer's write at its stop: workers'
+    # clocks, re-estimated at each heartbeat, can put the read a millisecond first.
+    b = PAGBuilder()
+    b.root(0.0)
+    b.apply(("file", "read", A, location("/d/blob.bin"), False, 1.000, 64, 0.9, -1, ("write",)))
+    b.compute("write", A, 1, 0.5, 1.001, 8)
+    b.apply(("file", "write", A, location("/d/blob.bin"), True, 1.001, 64))
+    b.compute("read", A, 1, 1.000, 1.4, 8, inputs=["write"], io=0.3)
+    states = b.pag().states
+    files = states[states["location"] == location("/d/blob.bin")]
+    assert files["origin"].tolist() == ["write"]  # no second version, there before
+    m = b.pag().mutations
+    copy = m[m["src"] == files.index[0]]["dst"]  # the read's copy of the version written
+    assert states.loc[m[m["src"].isin(copy)]["dst"], "key"].tolist() == ["read"]
+    # A file no input wrote was there before, read with its task.
+    b.apply(("file", "again", A, location("/d/other.bin"), False, 2.0, 10, 1.9, -1,
+             ("read", "late")))
+    assert b.pag().states["key"].tolist()[-1] == "read"  # waits for "late"
+    b.compute("late", A, 1, 1.5, 1.9, 8)
+    b.compute("again", A, 1, 2.0, 2.1, 8, inputs=["read", "late"], io=0.0)
+    states = b.pag().states
+    assert states[states["key"] == "/d/other.bin"]["origin"].tolist() == ["file", "file"]
+
+
 def test_a_computation_s_seconds_on_files_are_io_on_the_path():
     b = PAGBuilder()
     b.root(0.0)
@@ -217,6 +242,39 @@ def file_states(pag: crux_dask.PAG, directory) -> pd.DataFrame:
     states = pag.states
     return states[states["location"].str.startswith("file@")
                   & states["key"].str.startswith(str(directory))]
+
+
+def read_and_wait_for(path: str, opened: str, go_on: str) -> int:
+    from distributed import Event
+
+    with open(path, "rb") as f:
+        data = f.read()
+    Event(opened).set()
+    Event(go_on).wait()  # off the CPU, as a task waiting for storage is
+    return len(data)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_heartbeat_during_the_task_leaves_its_seconds_on_files_as_they_were(
+        c, s, a, tmp_path):
+    from distributed import Event
+
+    await crux_dask.attach(c)
+    write_bytes(str(tmp_path / "in.bin"), 10)
+    opened, go_on = Event("opened"), Event("go-on")
+    future = c.submit(read_and_wait_for, str(tmp_path / "in.bin"), "opened", "go-on",
+                      key="reader")
+    await opened.wait()
+    started = time.monotonic()
+    a.scheduler_delay -= 0.25  # the worker's estimate of the scheduler's clock moves
+    await go_on.set()
+    assert await future == 10
+    waited = time.monotonic() - started
+    await crux_dask.flush(c)
+    pag = await crux_dask.get_pag(c)
+    readers = pag.states.index[pag.states["key"] == "reader"]
+    (io,) = pag.moments.set_index("state_id")["io"].reindex(readers).dropna()
+    assert 0 < io <= waited  # not 0.25 s more
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)])

@@ -93,7 +93,8 @@ class PAGBuilder:
         self._root_key = store.key_code(ROOT, ROOT, "crux")
         self.places = Places(store)
         self.resolving: Any = None  # the event resolve_parked applies with stand-ins
-        self.file_reads: dict[str, list[int]] = {}  # task -> copies of the files it read
+        # task -> copies of the files it read (a read of a file unknown then: its event)
+        self.file_reads: dict[str, list[int | FileAccess]] = {}
         self.shuffles = shuffles.Shuffles()
         self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
@@ -258,7 +259,8 @@ class PAGBuilder:
         sources += [src for name in e.reads or () if (src := holdings.newest.get(name))
                     is not None]
         if e.io is not None:
-            sources += self.file_reads.pop(e.key, ())
+            sources += [read if type(read) is int else operations.read_copy(self, read)
+                        for read in self.file_reads.pop(e.key, ())]
         labels = store.labels
         label = labels.code(e.label if e.label is not None else rules.key_label(e.key))
         previous = holdings.newest.get(e.key)
@@ -311,7 +313,8 @@ class PAGBuilder:
 
     def _file(self, event: Any, now: float = 0.0) -> int | None:
         e = event if type(event) is FileAccess else FileAccess(*event)
-        if type(e.written) is not bool or not e.location.startswith("file@"):
+        if (type(e.written) is not bool or not e.location.startswith("file@")
+                or type(e.inputs) is not tuple):
             raise ValueError(f"not a file's access: {event!r:.120}")
         if index(e.nbytes) < 0 or e.time - e.time != 0.0:  # refused if not numbers
             raise ValueError(f"not a file's access: {event!r:.120}")

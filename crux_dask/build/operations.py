@@ -73,22 +73,24 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     makes a new version of the file from the task's data, labelled by its
     dataset, from the task's prefix.  The seconds the task spent on its files
     are its computation's (``io``): the copies take none.  ``None`` if the
-    write waits for the task's report.
+    write waits for the task's report, or the read for its computation.
     """
     store, places = builder.store, builder.places
     where = places.code(e.location)
     memory = places.memory_of(e.worker)
     path = file_path(e.location)
     if not e.written:
-        src = builder.holdings.at(path, where)
-        if src is None:
-            src = unreported(builder, path, where, None, e.nbytes, e.root)
-        requested = rules.moment(e.requested)
-        copy = builder.new_state(
-            store.state_key[src], memory, None, None, store.state_size[src], e.time, e.time,
-            rules.copy_ready(store.state_ready[src], e.time, e.time), (src,), _TRANSFER, 0.0,
-            (requested, *rules.NO_MOMENTS[1:-1], builder.submitted(e.root)), held=False)
-        builder.file_reads.setdefault(e.key, []).append(copy)
+        reads = builder.file_reads.setdefault(e.key, [])
+        if builder.holdings.at(path, where) is None and any(
+                builder.holdings.newest.get(name) is None for name in e.inputs):
+            # The task that writes the file may be one of the inputs this task
+            # waits for, and workers' clocks, re-estimated at each heartbeat,
+            # can put the write a millisecond after this read: the read is made
+            # with the task's computation, after its inputs (a file still
+            # unknown then was there before).
+            reads.append(e)
+            return None
+        reads.append(copy := read_copy(builder, e))
         return builder.applied(copy)
     task = builder.holdings.at(e.key, memory)
     if task is None:
@@ -102,6 +104,22 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     return builder.applied(builder.new_state(
         store.key_code(path, file_label(path), prefix), where, places.worker[memory], None,
         e.nbytes, e.time, e.time, e.time, (task,), _TRANSFER, 0.0))
+
+
+def read_copy(builder: PAGBuilder, e: FileAccess) -> int:
+    """The copy into the worker's memory of the newest version of the file ``e`` read
+    (of one that was there before, if none was recorded); its id."""
+    store, places = builder.store, builder.places
+    where = places.code(e.location)
+    src = builder.holdings.at(file_path(e.location), where)
+    if src is None:
+        src = unreported(builder, file_path(e.location), where, None, e.nbytes, e.root)
+    return builder.new_state(
+        store.state_key[src], places.memory_of(e.worker), None, None, store.state_size[src],
+        e.time, e.time, rules.copy_ready(store.state_ready[src], e.time, e.time), (src,),
+        _TRANSFER, 0.0,
+        (rules.moment(e.requested), *rules.NO_MOMENTS[1:-1], builder.submitted(e.root)),
+        held=False)
 
 
 def lose(builder: PAGBuilder, worker: str, time: float) -> int:

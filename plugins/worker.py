@@ -75,8 +75,9 @@ class CruxWorkerPlugin(WorkerPlugin):
         How often buffered events are sent (``crux-dask.flush-interval``).  By
         default (``null``) as often as the worker sends its heartbeat, which
         distributed spaces out as the cluster grows (every 0.5 s up to 10
-        workers, 1 s up to 50, 2 s up to 200): the scheduler receives Crux's
-        batches no more often than the workers' heartbeats.
+        workers, 1 s up to 50, 2 s up to 200, at most half ``park-timeout``):
+        the scheduler receives Crux's batches no more often than the workers'
+        heartbeats.
     batch_size : int, optional
         Buffered events that trigger a send (``crux-dask.batch-size``).
     max_buffered_events : int, optional
@@ -114,6 +115,9 @@ class CruxWorkerPlugin(WorkerPlugin):
         if not teardown_timeout >= 0:
             raise ValueError(f"teardown_timeout must be >= 0, got {teardown_timeout!r}")
         self.teardown_timeout = float(teardown_timeout)
+        # An event the scheduler has waits for the reports of the same moment as long
+        # as park-timeout: they must come well within it, in clusters of thousands too.
+        self._longest_period = config.seconds("park-timeout") * 1000 / 2
 
     # -- lifecycle ----------------------------------------------------------
     async def setup(self, worker: Worker) -> None:
@@ -418,10 +422,12 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.worker.loop.add_callback(self._flush_soon)
 
     def _flush_period(self) -> float:
-        """Milliseconds between two sends: configured, or the worker's heartbeat's now."""
+        """Milliseconds between two sends: configured, or the worker's heartbeat's now,
+        at most half the time the scheduler waits for a report (``park-timeout``)."""
         if self.flush_interval is not None:
             return self.flush_interval * 1000
-        return self.worker.periodic_callbacks["heartbeat"].callback_time
+        return min(self.worker.periodic_callbacks["heartbeat"].callback_time,
+                   self._longest_period)
 
     def _flush_soon(self) -> None:
         self._callback.callback_time = self._flush_period()  # read for the next call

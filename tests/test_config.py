@@ -79,7 +79,19 @@ async def test_by_default_a_worker_sends_with_its_heartbeat(c, s, a):
     plugin = a.plugins["crux"]
     assert plugin.flush_interval is None
     heartbeat = a.periodic_callbacks["heartbeat"]
+    await a.heartbeat()  # the scheduler sets the heartbeat's interval by the cluster's size
+    assert heartbeat.callback_time == 500
     await c.gather(c.map(inc, range(5)))
     # Events reach the scheduler with no flush asked for, and no faster than heartbeats.
     await async_poll_for(lambda: s.plugins["crux"].counts["events_from_workers"] > 0, 10)
-    assert plugin._callback.callback_time == heartbeat.callback_time == 500
+    await async_poll_for(lambda: plugin._callback.callback_time == 500, 5)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)],
+             config={"crux-dask.park-timeout": "600ms"})
+async def test_a_worker_sends_well_within_the_time_the_scheduler_waits_for_it(c, s, a):
+    await crux_dask.attach(c)
+    plugin = a.plugins["crux"]
+    await a.heartbeat()
+    assert a.periodic_callbacks["heartbeat"].callback_time == 500
+    await async_poll_for(lambda: plugin._callback.callback_time == 300, 5)  # half of 600 ms

@@ -11,8 +11,19 @@ from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.wcp import CATEGORIES
 
 
+def breakdown_columns(view: GraphView) -> dict[str, list]:
+    """Seconds and share of the path of ``view`` in each category."""
+    path = view.wcp()
+    seconds = [path.breakdown.get(c, 0.0) for c in CATEGORIES]
+    total = path.length or 1.0
+    return {"category": list(CATEGORIES), "seconds": seconds,
+            "share": [s / total for s in seconds]}
+
+
 class Breakdown(Component):
     """Seconds and share of the critical path per category."""
+
+    computer = staticmethod(breakdown_columns)
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -26,10 +37,3 @@ class Breakdown(Component):
                               color="#1f77b4")
         self.root.add_tools(HoverTool(renderers=[bars], tooltips=[
             ("", "@category"), ("seconds", "@seconds{0.000}"), ("share", "@share{0.0%}")]))
-
-    def compute(self, view: GraphView) -> dict[str, list]:
-        path = view.wcp()
-        seconds = [path.breakdown.get(c, 0.0) for c in CATEGORIES]
-        total = path.length or 1.0
-        return {"category": list(CATEGORIES), "seconds": seconds,
-                "share": [s / total for s in seconds]}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,13 +59,17 @@ class GraphView:
 
     The selected critical path is computed once per view and shared by the
     components that read it.  ``live``: the store is being recorded (it goes
-    on growing, see :meth:`frozen`).
+    on growing, see :meth:`frozen`).  ``analyse``: if the graph is built in a
+    process of its own, the scheduler plugin's
+    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.analyse`, which computes
+    there what a page shows (see :class:`OffLoop`).
     """
 
     store: PAGStore
     end: int
     selection: PathSelection | None = None
     live: bool = False
+    analyse: Callable[..., Awaitable[Any]] | None = None
     _path: CriticalPath | None = None
     _origin: PAGStore | None = None
 
@@ -93,7 +99,8 @@ class GraphView:
 
     def with_selection(self, selection: PathSelection) -> GraphView:
         """The same graph, with another path selected."""
-        return GraphView(self.store, self.end, selection, self.live, _origin=self._origin)
+        return GraphView(self.store, self.end, selection, self.live, self.analyse,
+                         _origin=self._origin)
 
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code.
@@ -139,7 +146,8 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
 
     def view() -> GraphView:
         builder = plugin.builder
-        current = GraphView(builder.store, builder.end, live=True)
+        current = GraphView(builder.store, builder.end, live=True,
+                            analyse=plugin.analyse if plugin.graph_apart else None)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -154,7 +162,8 @@ def selected_source(data: Source, selection: PathSelection) -> Source:
 
     def view() -> GraphView:
         base = data()
-        current = GraphView(base.store, base.end, PathSelection(**vars(selection)), base.live)
+        current = GraphView(base.store, base.end, PathSelection(**vars(selection)), base.live,
+                            base.analyse)
         if latest and latest[0].version == current.version:
             return latest[0]
         latest[:] = [current]
@@ -241,9 +250,9 @@ class Component(DashboardComponent):
 
     A component owns a ``root`` (its Bokeh model) and a ``source`` (its main
     :class:`~bokeh.models.ColumnDataSource`).  What it shows is made in two
-    steps: :meth:`compute` reads a view and returns the new column data (in
-    any thread: it touches no Bokeh model), :meth:`show` sets it (on the
-    event loop).  :meth:`update` does both at once; :class:`OffLoop` computes
+    steps: :attr:`computer` reads a view and returns the new column data (in
+    any thread or process: it touches no Bokeh model), :meth:`show` sets it
+    (on the event loop).  :meth:`update` does both at once; :class:`OffLoop` computes
     in a thread.  Either re-renders only when the graph or the path selected
     changed since the last time, so an idle page costs nothing, and logs what
     a render raises.
@@ -272,9 +281,14 @@ class Component(DashboardComponent):
         """Build the complete new column data from ``view`` and set it at once."""
         self.show(self.compute(view))
 
+    #: What :meth:`show` sets, read from a view: ``computer(view)``.  It travels
+    #: pickled to where the graph is built (a function, by name; an object with a
+    #: ``token`` is kept there, see :func:`kept`).
+    computer: Callable[[GraphView], Any]
+
     def compute(self, view: GraphView) -> Any:
         """What :meth:`show` sets, read from ``view``; touches no Bokeh model."""
-        raise NotImplementedError
+        return kept(self.computer)(view)
 
     def show(self, computed: Any) -> None:
         """Set what :meth:`compute` returned on the component's models: by default, the
@@ -308,13 +322,19 @@ def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashbo
 
 
 class OffLoop(DashboardComponent):
-    """Keeps ``components`` up to date without computing on the event loop.
+    """Keeps ``components`` up to date without computing in the scheduler's process.
 
-    Each :meth:`update` (periodic, on the event loop) shows what the thread
-    finished computing, then, if the view changed since and nothing is being
-    computed, sends the thread the view as it is now (:meth:`GraphView.frozen`)
-    for every component to compute what it shows.  The event loop only reads
-    the graph's lengths and sets column data.
+    Each :meth:`update` (periodic, on the event loop) shows what was
+    computed, then, if the view changed since and nothing is being computed,
+    has every stale component's :attr:`~Component.computer` compute what it
+    shows: in the graph's own process, where it is built, if it has one
+    (:attr:`GraphView.analyse`); else in a thread, on the view as it is now
+    (:meth:`GraphView.frozen`).  A thread of the scheduler's process that
+    computes for a second holds the event loop too: each time the loop lets
+    go of the interpreter's lock (to wait on a socket, to read a file) it
+    waits up to the lock's switch interval (5 ms) to get it back, and a page
+    of the dashboard does that tens of times.  The event loop only reads the
+    graph's lengths and sets column data.
 
     Parameters
     ----------
@@ -336,15 +356,26 @@ class OffLoop(DashboardComponent):
             if not done.done():
                 return
             self._running = None
-            version, results = done.result()
+            try:
+                version, results = done.result()
+            except Exception:  # the graph process is gone, or what it computed is not
+                logger.exception("Crux: the dashboard's components could not be computed")
+                version, results = self.data().version, [_FAILED] * len(computing)
             for component, result in zip(computing, results):
                 if result is not _FAILED:
                     component.show(result)
                 component._version = version
         view = self.data()
         stale = [c for c in self.components if c._version != view.version]
-        if stale:
-            self._running = (stale, in_thread(_compute, view.version, view.frozen(), stale))
+        if not stale:
+            return
+        computers = [c.computer for c in stale]
+        if view.analyse is not None:
+            work = asyncio.ensure_future(view.analyse(
+                _compute_here, view.version, view.selection, computers))
+        else:
+            work = in_thread(_compute, view.version, view.frozen(), computers)
+        self._running = (stale, work)
 
     def busy(self) -> bool:
         """Whether the thread is still computing what the components will show."""
@@ -355,15 +386,48 @@ _FAILED = object()
 
 
 def _compute(version: tuple, view: Callable[[], GraphView],
-             components: list[Component]) -> tuple[tuple, list]:
-    """What each component shows of ``view()``; ``_FAILED`` (and a log) where it raised."""
+             computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
+    """What each computer makes of ``view()``; ``_FAILED`` (and a log) where it raised."""
     seen = view()
     results = []
-    for component in components:
+    for computer in computers:
         try:
-            results.append(component.compute(seen))
+            results.append(kept(computer)(seen))
         except Exception:
             logger.exception("Crux: %s could not compute what it shows",
-                             type(component).__name__)
+                             getattr(computer, "__name__", type(computer).__name__))
             results.append(_FAILED)
     return version, results
+
+
+def _compute_here(store: PAGStore, end: int, version: tuple, selection: PathSelection | None,
+                  computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
+    """:func:`_compute` on ``store`` itself, where it is built (between two of its batches)."""
+    view = GraphView(store, end, selection)
+    return _compute(version, lambda: view, computers)
+
+
+#: Computers kept where they compute, by token: the newest :data:`KEPT_AT_MOST`.
+_kept: OrderedDict[str, Any] = OrderedDict()
+_kept_lock = threading.Lock()
+KEPT_AT_MOST = 64
+
+
+def kept(computer: Any) -> Any:
+    """The computer kept for ``computer``'s ``token``, or ``computer`` if it has none.
+
+    A computer with state of its own (what it folded in so far) has a
+    ``token``: it travels to the graph's process once empty and is kept
+    there, each visit of a copy with the same token finding the one that
+    folded.  Only the newest :data:`KEPT_AT_MOST` are kept (pages closed
+    long ago): a computer dropped is folded again from the start.
+    """
+    token = getattr(computer, "token", None)
+    if token is None:
+        return computer
+    with _kept_lock:
+        found = _kept.setdefault(token, computer)
+        _kept.move_to_end(token)
+        while len(_kept) > KEPT_AT_MOST:
+            _kept.popitem(last=False)
+    return found

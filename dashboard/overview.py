@@ -16,7 +16,10 @@ the browser's depends on the size of the graph.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import uuid
 from collections import defaultdict
 from itertools import pairwise
 from typing import Any
@@ -29,7 +32,7 @@ from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
-from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.data import Component, GraphView, Source, kept
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
@@ -42,51 +45,26 @@ OFF_PATH = "#c7c7c7"
 #: What a group off the path is "mostly", in the legend and the hover.
 OFF_PATH_LABEL = "off the path"
 
+logger = logging.getLogger(__name__)
 
-class PAGOverview(Component):
-    """The task-group map: nodes are task groups in layers, edges count mutations."""
 
-    def __init__(self, data: Source, max_groups: int = 150, max_edges: int = 300,
-                 max_details: int = 500, **kwargs: Any) -> None:
-        super().__init__(data)
+class GroupFold:
+    """The groups, their sizes and the mutations between them, folded in as the graph
+    grows; the map drawn from them.
+
+    Touches no Bokeh model: it computes where the graph is (see
+    :class:`~.data.OffLoop`), and is kept there by its ``token``
+    (:func:`~.data.kept`), so that each update folds in only what is new.
+    """
+
+    def __init__(self, max_groups: int = 150, max_edges: int = 300,
+                 max_details: int = 500) -> None:
+        self.token = uuid.uuid4().hex
         self.max_groups = max_groups
         self.max_edges = max_edges
         self.max_details = max_details
         self._run_id: str | None = None
         self._reset()
-        self.source = ColumnDataSource({c: [] for c in NODE_COLUMNS})
-        self.edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1", "count",
-                                                       "alpha")})
-        self.path_edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1")})
-        self.figure = figure(title="Task groups in layers, the critical path over them "
-                             "(click a group for its states)",
-                             x_axis_label="layer (data flows left to right)",
-                             name="crux-overview", height=360,
-                             tools="pan,wheel_zoom,tap,reset", **kwargs)
-        self.figure.yaxis.visible = False
-        self.figure.ygrid.visible = False
-        self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
-                            line_color="#888888")
-        self.figure.segment("x0", "y0", "x1", "y1", source=self.path_edges,
-                            line_color="#d62728", line_width=3, name="crux-overview-path")
-        nodes = self.figure.scatter("x", "y", size="radius", color="color",
-                                    source=self.source, fill_alpha=0.85, line_color="#333333",
-                                    legend_field="dominant", name="crux-overview-nodes")
-        self.figure.text("x", "y", text="name", source=self.source, text_font_size="8pt",
-                         text_align="center", y_offset=-12, text_color="#444444")
-        self.figure.legend.location = "top_left"
-        self.figure.legend.label_text_font_size = "8pt"
-        self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
-            ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
-            ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
-        self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
-        self.table = DataTable(source=self.details, height=200, index_position=None,
-                               name="crux-overview-states",
-                               columns=[TableColumn(field=c, title=c) for c in DETAIL_COLUMNS],
-                               **kwargs)
-        self.source.selected.on_change("indices", self._drill_down)
-        self._store: PAGStore | None = None
-        self.root = column(self.figure, self.table, **kwargs)
 
     def _reset(self) -> None:
         self._states_seen = 0
@@ -99,21 +77,14 @@ class PAGOverview(Component):
         self._first: dict[int, float] = {}
         self._edge_count: dict[tuple[int, int], int] = defaultdict(int)
 
-    def compute(self, view: GraphView) -> tuple[PAGStore, dict, dict, dict]:
-        """Fold in what is new in ``view``; the store, nodes, edges and path edges to show."""
+    def __call__(self, view: GraphView) -> tuple[dict, dict, dict]:
+        """Fold in what is new in ``view``; the nodes, edges and path edges to show."""
         store = view.store
         if store.run_id != self._run_id or store.n_states < self._states_seen:
             self._run_id = store.run_id
             self._reset()
         self._fold_in(store, view.key_groups())
-        return (store, *self._drawn(store, view.wcp()))
-
-    def show(self, computed: tuple[PAGStore, dict, dict, dict]) -> None:
-        store, nodes, edges, path_edges = computed
-        self._store = store  # what a click on a group reads
-        self.source.data = nodes
-        self.edges.data = edges
-        self.path_edges.data = path_edges
+        return self._drawn(store, view.wcp())
 
     # -- aggregation ----------------------------------------------------------------
     def _fold_in(self, store: PAGStore, names: np.ndarray) -> None:
@@ -248,19 +219,98 @@ class PAGOverview(Component):
         }
         return nodes, edge_columns, path_edges
 
-    @log_errors
-    def _drill_down(self, attr: str, old: list, new: list) -> None:
-        """The individual states of the group clicked (the first ``max_details``)."""
-        self.details.data = self.states_of(self.source.data["group"][new[0]]) if new else {
-            c: [] for c in DETAIL_COLUMNS}
-
-    def states_of(self, group: int) -> dict[str, list]:
-        """Columns of the states of one group, first ``max_details`` of them."""
-        store = self._store
-        if store is None:
-            return {c: [] for c in DETAIL_COLUMNS}
-        states = np.arange(store.n_states)
+    def states_of(self, store: PAGStore, group: int) -> dict[str, list]:
+        """Columns of the states of one group folded in, the first ``max_details``."""
+        states = np.arange(min(store.n_states, self._states_seen))
         ids = states[self._groups(store, states) == group][: self.max_details]
         frame = store.states_frame(ids)
         return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
                 for c in DETAIL_COLUMNS}
+
+
+def _states_of(store: PAGStore, end: int, fold: GroupFold, group: int) -> dict[str, list]:
+    """:meth:`GroupFold.states_of` by the fold kept where the graph is."""
+    return kept(fold).states_of(store, group)
+
+
+class PAGOverview(Component):
+    """The task-group map: nodes are task groups in layers, edges count mutations.
+
+    What it draws is computed by its :class:`GroupFold`.
+    """
+
+    def __init__(self, data: Source, max_groups: int = 150, max_edges: int = 300,
+                 max_details: int = 500, **kwargs: Any) -> None:
+        super().__init__(data)
+        self.fold = GroupFold(max_groups, max_edges, max_details)
+        self.source = ColumnDataSource({c: [] for c in NODE_COLUMNS})
+        self.edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1", "count",
+                                                       "alpha")})
+        self.path_edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1")})
+        self.figure = figure(title="Task groups in layers, the critical path over them "
+                             "(click a group for its states)",
+                             x_axis_label="layer (data flows left to right)",
+                             name="crux-overview", height=360,
+                             tools="pan,wheel_zoom,tap,reset", **kwargs)
+        self.figure.yaxis.visible = False
+        self.figure.ygrid.visible = False
+        self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
+                            line_color="#888888")
+        self.figure.segment("x0", "y0", "x1", "y1", source=self.path_edges,
+                            line_color="#d62728", line_width=3, name="crux-overview-path")
+        nodes = self.figure.scatter("x", "y", size="radius", color="color",
+                                    source=self.source, fill_alpha=0.85, line_color="#333333",
+                                    legend_field="dominant", name="crux-overview-nodes")
+        self.figure.text("x", "y", text="name", source=self.source, text_font_size="8pt",
+                         text_align="center", y_offset=-12, text_color="#444444")
+        self.figure.legend.location = "top_left"
+        self.figure.legend.label_text_font_size = "8pt"
+        self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
+            ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
+            ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
+        self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
+        self.table = DataTable(source=self.details, height=200, index_position=None,
+                               name="crux-overview-states",
+                               columns=[TableColumn(field=c, title=c) for c in DETAIL_COLUMNS],
+                               **kwargs)
+        self.source.selected.on_change("indices", self._drill_down)
+        self.root = column(self.figure, self.table, **kwargs)
+
+    @property
+    def computer(self) -> GroupFold:
+        return self.fold
+
+    def show(self, computed: tuple[dict, dict, dict]) -> None:
+        nodes, edges, path_edges = computed
+        self.source.data = nodes
+        self.edges.data = edges
+        self.path_edges.data = path_edges
+
+    @log_errors
+    def _drill_down(self, attr: str, old: list, new: list) -> None:
+        """The individual states of the group clicked (the first ``max_details``), read
+        where the graph is."""
+        if not new:
+            self.details.data = {c: [] for c in DETAIL_COLUMNS}
+            return
+        group = self.source.data["group"][new[0]]
+        view = self.data()
+        if view.analyse is None:
+            self.details.data = kept(self.fold).states_of(view.store, group)
+            return
+        asking = asyncio.ensure_future(view.analyse(_states_of, self.fold, group))
+        document = self.details.document
+
+        def answered(_: asyncio.Future) -> None:
+            if document is None:
+                self._show_details(asking)
+            else:
+                document.add_next_tick_callback(lambda: self._show_details(asking))
+
+        asking.add_done_callback(answered)
+
+    def _show_details(self, asking: asyncio.Future) -> None:
+        try:
+            self.details.data = asking.result()
+        except Exception:
+            logger.exception("Crux: the states of a group could not be read")

@@ -11,8 +11,16 @@ from crux_dask.dashboard.data import Component, GraphView, Source
 COLUMNS = ("prefix", "seconds", "share", "steps", "dominant")
 
 
+def prefix_columns(view: GraphView) -> dict[str, list]:
+    """One row per task prefix on the path of ``view``, most seconds first."""
+    table = view.wcp().by_prefix()
+    return {c: table[c].tolist() for c in COLUMNS}
+
+
 class PrefixTable(Component):
     """One row per task prefix on the observed critical path, most seconds first."""
+
+    computer = staticmethod(prefix_columns)
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -27,7 +35,3 @@ class PrefixTable(Component):
             TableColumn(field="steps", title="steps", width=50),
             TableColumn(field="dominant", title="mostly", width=90),
         ], **kwargs)
-
-    def compute(self, view: GraphView) -> dict[str, list]:
-        table = view.wcp().by_prefix()
-        return {c: table[c].tolist() for c in COLUMNS}

@@ -14,12 +14,24 @@ COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", 
 TEXT = ("via", "kind", "key", "source", "destination")
 
 
+def steps_columns(view: GraphView) -> dict[str, Any]:
+    """The path's steps, as numpy arrays: numbers go to the browser in binary, text as
+    one list (see :mod:`.pieces`), not one JSON value at a time."""
+    steps = view.wcp().to_frame()
+    scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
+             else [""] * len(steps))
+    return {**{c: text(steps[c]) if c in TEXT else steps[c].to_numpy()
+               for c in COLUMNS[:-1]}, "scope": text(scope)}
+
+
 class StepsTable(Component):
     """One row per step of the critical path selected.
 
     On the path of one computation or span, ``scope`` says ``another`` for a
     step through a task of another one (data it persisted, a thread it held).
     """
+
+    computer = staticmethod(steps_columns)
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -44,12 +56,3 @@ class StepsTable(Component):
             TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
             TableColumn(field="scope", title="scope", width=70),
         ], **kwargs)
-
-    def compute(self, view: GraphView) -> dict[str, Any]:
-        """The path's steps, as numpy arrays: numbers go to the browser in binary, text as
-        one list (see :mod:`.pieces`), not one JSON value at a time."""
-        steps = view.wcp().to_frame()
-        scope = (steps["in_scope"].map({True: "this", False: "another"}) if "in_scope" in steps
-                 else [""] * len(steps))
-        return {**{c: text(steps[c]) if c in TEXT else steps[c].to_numpy()
-                   for c in COLUMNS[:-1]}, "scope": text(scope)}

@@ -27,8 +27,38 @@ TEXT = ("kind", "via", "key", "label", "source", "destination")
 LINKS = ("x0", "y0", "x1", "y1", "kind", "via")
 
 
+def timeline_columns(view: GraphView) -> tuple[list, dict, dict]:
+    """The lanes, the bars and the links of the path of ``view``, as numpy arrays (numbers
+    go to the browser in binary, text as one list: see :mod:`.pieces`)."""
+    path = view.wcp()
+    steps = path.to_frame()
+    t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
+    stop = steps["stop"].to_numpy() - t0
+    data = {
+        "left": stop - steps["busy"].to_numpy() - steps["io"].to_numpy(),
+        "right": stop,
+        "wait_left": stop - steps["cost"].to_numpy(),
+        **{c: text(steps[c]) for c in TEXT},
+        **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
+                                             "rescheduled", "queued", "wait", "start",
+                                             "stop")},
+    }
+    handoff = data["via"] != "data"
+    links = {
+        "x0": data["wait_left"][handoff],
+        "y0": data["source"][handoff],
+        "x1": data["start"][handoff] - t0,
+        "y1": data["destination"][handoff],
+        "kind": data["kind"][handoff],
+        "via": data["via"][handoff],
+    }
+    return sorted(set(data["destination"].tolist())), data, links
+
+
 class WCPTimeline(Component):
     """The critical path's steps as bars: the busy part and its io solid, the wait a line."""
+
+    computer = staticmethod(timeline_columns)
 
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
@@ -58,33 +88,6 @@ class WCPTimeline(Component):
             ("rescheduled", "@rescheduled{0.000} s"),
             ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
         self.root.legend.location = "top_left"
-
-    def compute(self, view: GraphView) -> tuple[list, dict, dict]:
-        """The lanes, the bars and the links of the path of ``view``, as numpy arrays (numbers
-        go to the browser in binary, text as one list: see :mod:`.pieces`)."""
-        path = view.wcp()
-        steps = path.to_frame()
-        t0 = float(path.states["time"].iloc[0]) if len(path.states) else 0.0
-        stop = steps["stop"].to_numpy() - t0
-        data = {
-            "left": stop - steps["busy"].to_numpy() - steps["io"].to_numpy(),
-            "right": stop,
-            "wait_left": stop - steps["cost"].to_numpy(),
-            **{c: text(steps[c]) for c in TEXT},
-            **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
-                                                 "rescheduled", "queued", "wait", "start",
-                                                 "stop")},
-        }
-        handoff = data["via"] != "data"
-        links = {
-            "x0": data["wait_left"][handoff],
-            "y0": data["source"][handoff],
-            "x1": data["start"][handoff] - t0,
-            "y1": data["destination"][handoff],
-            "kind": data["kind"][handoff],
-            "via": data["via"][handoff],
-        }
-        return sorted(set(data["destination"].tolist())), data, links
 
     @property
     def sources(self) -> list[ColumnDataSource]:

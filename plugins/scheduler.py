@@ -246,6 +246,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         return self.ingest.builder
 
     @property
+    def graph_apart(self) -> bool:
+        """Whether the graph is built in a process of its own, alive: what
+        :meth:`analyse` computes is computed there."""
+        return isinstance(self.ingest, GraphProcess) and self.ingest.alive
+
+    @property
     def counts(self) -> dict[str, int]:
         """Events and batches received, applied and rejected; hook errors; HTTP writes."""
         return {**self.ingest.counts, "events_received": self.ingest.received,
@@ -297,7 +303,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         on a :meth:`snapshot`.  ``function`` must be importable by name, and
         ``args`` picklable.
         """
-        if isinstance(self.ingest, GraphProcess) and self.ingest.alive:
+        if self.graph_apart:
             with contextlib.suppress(GraphProcessGone):
                 return await self.ingest.analyse(function, *args)
         store, end = await self.snapshot()

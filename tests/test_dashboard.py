@@ -31,7 +31,7 @@ from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.pieces import hold_back, release, set_in_pieces, text
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
-from crux_dask.dashboard.steps import StepsTable
+from crux_dask.dashboard.steps import StepsTable, steps_columns
 from crux_dask.dashboard.suggestions import SuggestionTable, _suggestions, _suggestions_apart
 from crux_dask.dashboard.timeline import WCPTimeline
 
@@ -147,7 +147,7 @@ async def test_components_show_the_critical_path(c, s, a, b):
     assert nodes["color"][left] == CATEGORY_COLORS[nodes["dominant"][left]]
     # Drill down: a group's individual states.
     group = overview.source.data["group"][overview.source.data["label"].index("left")]
-    states = overview.states_of(group)
+    states = overview.fold.states_of(s.plugins["crux"].builder.store, group)
     assert set(states["key"]) == {"left"}  # computed, then released (its tombstone)
 
     before = timeline.source.data
@@ -155,47 +155,73 @@ async def test_components_show_the_critical_path(c, s, a, b):
     assert timeline.source.data is before
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
-async def test_live_pages_compute_off_the_event_loop(c, s, a, b):
-    """A live page's components compute in a thread, on a copy of the graph as it was,
-    and show the same as components rendered at once."""
+def _steps_and_where(view):
+    """What a steps table shows of ``view``, and the process and store it read."""
+    return os.getpid(), id(view.store), steps_columns(view)
 
-    computed = []  # the thread and the store of each computation
 
-    class Steps(StepsTable):
-        def compute(self, view):
-            computed.append((threading.current_thread(), view.store))
-            return super().compute(view)
+class WhereSteps(StepsTable):
+    """A steps table that notes where each of its computations ran."""
 
-    await crux_dask.attach(c)
-    await c.compute(diamond())
-    await crux_dask.get_wcp(c)  # every event applied
-    data = live_source(s.plugins["crux"])
-    steps, overview = Steps(data), PAGOverview(data)
-    driver = OffLoop(data, [steps, overview])
-    driver.update()
-    assert list(steps.source.data["kind"]) == [] and overview.source.data["label"] == []
-    await async_poll_for(lambda: not driver.busy(), 10)
-    driver.update()
-    (thread, seen), = computed
-    live = s.plugins["crux"].builder.store
-    assert thread is not threading.main_thread() and seen is not live
-    assert seen.n_states == live.n_states
-    at_once_steps, at_once_overview = StepsTable(data), PAGOverview(data)
-    at_once_steps.update()
-    at_once_overview.update()
-    for column, values in at_once_steps.source.data.items():
-        assert np.array_equal(steps.source.data[column], values), column
-    assert overview.source.data == at_once_overview.source.data
-    assert overview.edges.data == at_once_overview.edges.data
-    driver.update()  # nothing changed: nothing computed again
-    assert not driver.busy() and len(computed) == 1
-    await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
-    await crux_dask.get_wcp(c)
-    driver.update()
-    await async_poll_for(lambda: not driver.busy(), 10)
-    driver.update()
-    assert len(computed) == 2 and "later" in steps.source.data["key"]
+    computer = staticmethod(_steps_and_where)
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.computed = []
+
+    def show(self, computed):
+        pid, store, columns = computed
+        self.computed.append((pid, store))
+        super().show(columns)
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_live_pages_compute_off_the_event_loop(apart):
+    """A live page's components compute where the graph is built: in its own process, or,
+    without one, in a thread on a copy of the graph as it was; either way they show the
+    same as components rendered at once, and a click on a group reads its states there."""
+
+    @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2,
+                 config={"crux-dask.graph-process": apart})
+    async def run(c, s, a, b):
+        await crux_dask.attach(c)
+        plugin = s.plugins["crux"]
+        assert plugin.graph_apart is apart
+        await c.compute(diamond())
+        await crux_dask.get_wcp(c)  # every event applied
+        data = live_source(plugin)
+        steps, overview = WhereSteps(data), PAGOverview(data)
+        driver = OffLoop(data, [steps, overview])
+        driver.update()
+        assert list(steps.source.data["kind"]) == [] and overview.source.data["label"] == []
+        await async_poll_for(lambda: not driver.busy(), 10)
+        driver.update()
+        (pid, seen), = steps.computed
+        if apart:
+            assert pid == plugin.ingest.remote["pid"] != os.getpid()
+        else:
+            assert pid == os.getpid() and seen != id(plugin.builder.store)
+        at_once_steps, at_once_overview = StepsTable(data), PAGOverview(data)
+        at_once_steps.update()
+        at_once_overview.update()
+        for column, values in at_once_steps.source.data.items():
+            assert np.array_equal(steps.source.data[column], values), column
+        assert overview.source.data == at_once_overview.source.data
+        assert overview.edges.data == at_once_overview.edges.data
+        # A click on a group: its states, read where the graph is.
+        overview.source.selected.indices = [overview.source.data["label"].index("left")]
+        await async_poll_for(lambda: overview.details.data["key"], 10)
+        assert set(overview.details.data["key"]) == {"left"}
+        driver.update()  # nothing changed: nothing computed again
+        assert not driver.busy() and len(steps.computed) == 1
+        await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+        await crux_dask.get_wcp(c)
+        driver.update()
+        await async_poll_for(lambda: not driver.busy(), 10)
+        driver.update()
+        assert len(steps.computed) == 2 and "later" in steps.source.data["key"]
+
+    run()
 
 
 def test_the_live_replay_runs_in_a_process_of_its_own():
@@ -424,10 +450,10 @@ def test_the_map_puts_each_task_group_one_layer_after_its_deepest_input():
             clock += 0.01
     overview = PAGOverview(static_source(b.pag()))
     overview.update()
-    layer = overview.layers()
-    names = overview._names
+    layer = overview.fold.layers()
+    names = overview.fold._names
     # Groups without inputs take their data from the graph's root, the first layer.
-    root = names[int(overview._groups(b.store, np.array([0]))[0])]
+    root = names[int(overview.fold._groups(b.store, np.array([0]))[0])]
     dag.add_edges_from((root, n) for n in list(dag) if dag.in_degree(n) == 0)
     found = {names[g]: depth for g, depth in layer.items()}
     expected = {n: depth for depth, generation in enumerate(nx.topological_generations(dag))

@@ -187,7 +187,8 @@ def test_live_pages_compute_off_the_event_loop(apart):
         await crux_dask.attach(c)
         plugin = s.plugins["crux"]
         assert plugin.graph_apart is apart
-        await c.compute(diamond())
+        result = c.compute(diamond())  # held: nothing is released while the test runs
+        await result
         await crux_dask.get_wcp(c)  # every event applied
         data = live_source(plugin)
         steps, overview = WhereSteps(data), PAGOverview(data)
@@ -214,12 +215,14 @@ def test_live_pages_compute_off_the_event_loop(apart):
         assert set(overview.details.data["key"]) == {"left"}
         driver.update()  # nothing changed: nothing computed again
         assert not driver.busy() and len(steps.computed) == 1
-        await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+        later = c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+        await later
         await crux_dask.get_wcp(c)
         driver.update()
         await async_poll_for(lambda: not driver.busy(), 10)
         driver.update()
         assert len(steps.computed) == 2 and "later" in steps.source.data["key"]
+        del result, later
 
     run()
 

@@ -253,7 +253,7 @@ class Component(DashboardComponent):
     steps: :attr:`computer` reads a view and returns the new column data (in
     any thread or process: it touches no Bokeh model), :meth:`show` sets it
     (on the event loop).  :meth:`update` does both at once; :class:`OffLoop` computes
-    in a thread.  Either re-renders only when the graph or the path selected
+    elsewhere.  Either re-renders only when the graph or the path selected
     changed since the last time, so an idle page costs nothing, and logs what
     a render raises.
 

@@ -220,10 +220,11 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def suggest_apart(pieces: list[bytes], end: int, niceness: int, answer: Any) -> None:
+def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any) -> None:
     """:func:`suggest` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on
     its observed path to ``end``, sent on the connection ``answer`` as ``(table, None)``,
-    or ``(None, error)`` for a ``ValueError``.
+    or ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
+    ``pieces``, one per message, until an empty one.
 
     What a process of its own runs, ``niceness`` less favoured than its
     parent, for a server whose event loop must not wait for it: a replay
@@ -233,7 +234,7 @@ def suggest_apart(pieces: list[bytes], end: int, niceness: int, answer: Any) -> 
     from crux_dask.wcp import critical_path
 
     os.nice(niceness)
-    store = PAGStore.from_pieces(pieces)
+    store = PAGStore.from_pieces(list(iter(pieces.recv_bytes, b"")))
     try:
         answer.send((suggest(store, end, critical_path(store, default_end=end)), None))
     except ValueError as error:  # a run without tasks or timing

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import html
 import multiprocessing
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from bokeh.models import ColumnDataSource, DataTable, Div, NumberFormatter, Tabl
 from distributed.utils import log_errors
 
 from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
+from crux_dask.plugins.scheduler import graph_pieces
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
 
@@ -33,13 +36,17 @@ def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
     return suggest(store, end, critical_path(store, default_end=end))
 
 
-def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.DataFrame:
-    """:func:`_suggestions` of ``store`` up to ``upto`` (its lengths, read on the event
-    loop), replayed in a process of its own at a lower priority; call it in a thread.
+def _suggestions_apart(pieces: list[bytes], end: int) -> pd.DataFrame:
+    """:func:`_suggestions` of the store cut into ``pieces``
+    (:meth:`~crux_dask.store.PAGStore.to_pieces`), replayed in a process of its own at a
+    lower priority; call it in a thread.
 
-    The scheduler's process only cuts the graph into pieces: the replay's
-    CPU and its garbage collections stay out of it.  The process is a daemon:
-    a scheduler that exits ends it instead of waiting for it.
+    The pieces go to the process one at a time, each a short hold of the
+    interpreter (all at once, as the process's arguments, they would be
+    pickled in one call holding it, and the scheduler's event loop, for as long
+    as copying the whole graph takes); the replay's CPU and its garbage
+    collections stay out of this process.  The process is a daemon: a
+    scheduler that exits ends it instead of waiting for it.
 
     Raises
     ------
@@ -52,15 +59,22 @@ def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.Da
 
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
+    receiver, feeder = context.Pipe(duplex=False)
     process = context.Process(target=suggest_apart, name="crux-what-if", daemon=True,
-                              args=(store.to_pieces(upto), end, NICENESS, sender))
+                              args=(receiver, end, NICENESS, sender))
     process.start()
-    sender.close()  # the child's end: closed here, so that its exit ends the wait
+    sender.close()  # the child's ends: closed here, so that its exit ends the waits
+    receiver.close()
     try:
+        with contextlib.suppress(BrokenPipeError):  # it died: said below
+            for piece in pieces:
+                feeder.send_bytes(piece)
+            feeder.send_bytes(b"")
         table, error = answer.recv()
     except EOFError:  # it died: killed, or out of memory
         table = error = None
     finally:
+        feeder.close()
         answer.close()
         process.join()
     if error is not None:
@@ -69,6 +83,23 @@ def _suggestions_apart(store: PAGStore, upto: dict[str, int], end: int) -> pd.Da
         raise RuntimeError(f"the what-if process ended with code {process.exitcode} "
                            "without an answer")
     return table
+
+
+def _replayed(view: GraphView) -> Future | asyncio.Future:
+    """:func:`_suggestions_apart` of ``view``: its graph cut where it is built (see
+    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.pieces`), or, without a process of its
+    own, in the thread that feeds the replay."""
+    if view.analyse is None:
+        store, upto, end = view.store, view.store.lengths(), view.end
+        return in_thread(lambda: _suggestions_apart(store.to_pieces(upto), end),
+                         name="crux-what-if")
+
+    async def replayed() -> pd.DataFrame:
+        cut = await view.analyse(graph_pieces)
+        return await asyncio.wrap_future(in_thread(_suggestions_apart, cut, cut.head,
+                                                   name="crux-what-if"))
+
+    return asyncio.ensure_future(replayed())
 
 
 class SuggestionTable(Component):
@@ -130,8 +161,7 @@ class SuggestionTable(Component):
         if graph != self._seen:  # still changing: wait for a quiet moment
             self._seen = graph
             return
-        self._running = (graph, in_thread(_suggestions_apart, view.store, view.store.lengths(),
-                                          view.end, name="crux-what-if"))
+        self._running = (graph, _replayed(view))
         self.note.text = "replaying the run&hellip;"
 
     def render(self, view: GraphView) -> None:

@@ -233,35 +233,33 @@ async def _fetch_staged(client: Client, stage: Any) -> tuple[tuple, list[PAGStor
 
 
 async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
-    plugin = _plugin(dask_scheduler)
-    end = plugin.builder.end
-    return await _stage(plugin, [], lambda: (end,))
+    return await _stage(_plugin(dask_scheduler), [], lambda end: (end,))
 
 
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
     spooled = await asyncio.get_running_loop().run_in_executor(None, plugin.spooled_stores)
-    end, kept, stats, scopes = (plugin.builder.end, plugin.transitions.kept(), plugin.stats(),
-                                plugin.scopes())
-    return await _stage(plugin, spooled, lambda: (
+    kept, stats, scopes = plugin.transitions.kept(), plugin.stats(), plugin.scopes()
+    return await _stage(plugin, spooled, lambda end: (
         end, plugin.transitions.frame(kept), stats, scopes))
 
 
 async def _stage(plugin: CruxSchedulerPlugin, spooled: list[PAGStore],
-                 head: Callable[[], tuple]) -> tuple[str, int]:
-    """Stage ``head()``, the ``spooled`` stores and the live graph as it is now for a client.
+                 head: Callable[[int], tuple]) -> tuple[str, int]:
+    """Stage ``head(end)``, the ``spooled`` stores and the live graph as it is now for a
+    client.
 
-    Everything is cut into pieces of a few megabytes in a thread (``head``
-    too is called there); the client then fetches one piece per message, so
-    that the event loop never serializes a large graph at once.  Returns the
-    token and the number of pieces.
+    Everything is cut into pieces of a few megabytes: the live graph where it
+    is built (:meth:`~CruxSchedulerPlugin.pieces`), the rest in a thread
+    (``head`` too is called there).  The client then fetches one piece per
+    message, so that the event loop never serializes a large graph at once.
+    Returns the token and the number of pieces.
     """
-    live = plugin.builder.store
-    upto = live.lengths()
+    end, live = await plugin.pieces()
 
     def cut() -> list[bytes]:
-        parts = [*(store.to_pieces() for store in spooled), live.to_pieces(upto)]
-        return [pickle.dumps((head(), [len(p) for p in parts])),
+        parts = [*(store.to_pieces() for store in spooled), live]
+        return [pickle.dumps((head(end), [len(p) for p in parts])),
                 *(piece for part in parts for piece in part)]
 
     pieces = await asyncio.get_running_loop().run_in_executor(None, cut)

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
+__all__ = ["GraphMirror", "GraphProcess", "GraphProcessGone", "Pieces", "serve"]
 
 #: Seconds between two sends of the rows the process added while it applies, and
 #: the most states per send: the scheduler's event loop appends a send at once, about
@@ -71,6 +71,20 @@ _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected
 #: The counts the process keeps, reported with what it sends.
 _PROCESS_COUNTS = ("events_applied", "events_failed", "file_lists_missing",
                    "file_lists_unmatched")
+
+
+class Pieces(list):
+    """An answer of :meth:`GraphProcess.analyse` that is sent a piece per message: a
+    graph cut into pieces (:meth:`~crux_dask.store.PAGStore.to_pieces`), and a ``head``.
+
+    Sent at once, a graph of a million states is one message of a few hundred
+    megabytes, which the scheduler's process unpickles in one call, holding
+    its interpreter (and so its event loop) for a few hundred milliseconds.
+    """
+
+    def __init__(self, pieces: list[bytes], head: Any = None) -> None:
+        super().__init__(pieces)
+        self.head = head
 
 
 class GraphProcessGone(RuntimeError):
@@ -163,6 +177,7 @@ class GraphProcess(Recorder):
         self.alive = True
         self._requests = itertools.count()
         self._answers: dict[int, asyncio.Future] = {}
+        self._pieces: dict[int, list[bytes]] = {}  # of answers that come a piece at a time
         self._outgoing: deque = deque()
         self._wake = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -287,6 +302,7 @@ class GraphProcess(Recorder):
         return future
 
     def _fail_answers(self, reason: str) -> None:
+        self._pieces.clear()
         answers, self._answers = self._answers, {}
         for future in answers.values():
             if not future.done():
@@ -380,8 +396,12 @@ class GraphProcess(Recorder):
                                                 time.perf_counter() - started)
         elif kind == "spooled":
             self.spool.written(*message[1:])
+        elif kind == "piece":
+            self._pieces.setdefault(message[1], []).append(message[2])
         elif kind == "answer":
             _, number, value, error = message
+            if isinstance(value, Pieces):
+                value.extend(self._pieces.pop(number, ()))
             future = self._answers.pop(number, None)
             if future is not None and not future.done():
                 if error is None:
@@ -565,6 +585,10 @@ class _Shipper:
             self.connection.send(("spooled", *spooled.wait_last()))
 
     def answer(self, number: int, value: Any, error: Exception | None = None) -> None:
+        if isinstance(value, Pieces):  # each piece, then the rest
+            for piece in value:
+                self.connection.send(("piece", number, piece))
+            value = Pieces([], value.head)
         try:
             self.connection.send(("answer", number, value, error))
         except (pickle.PicklingError, TypeError, AttributeError) as failure:

@@ -236,38 +236,48 @@ def test_the_live_replay_runs_in_a_process_of_its_own():
         b.compute(f"work-{i}", f"tcp://{worker}:1", 1, 1.0 + i, 1.0 + i + seconds, 8)
     store, end = b.store, b.end
     expected = _suggestions(store, end)
-    replayed = _suggestions_apart(store, store.lengths(), end)
+    replayed = _suggestions_apart(store.to_pieces(), end)
     pd.testing.assert_frame_equal(replayed, expected)
     with pytest.raises(ValueError, match="no task"):
-        _suggestions_apart(PAGBuilder().store, PAGBuilder().store.lengths(), -1)
+        _suggestions_apart(PAGBuilder().store.to_pieces(), -1)
     with pytest.raises(RuntimeError, match="without an answer"):
-        _suggestions_apart(store, store.lengths(), "not a state")
+        _suggestions_apart(store.to_pieces(), "not a state")
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
-async def test_what_to_fix_replays_between_computations_off_the_event_loop(c, s, a, b):
-    """The live table replays once the graph stopped changing, in a thread, like suggest."""
-    await crux_dask.attach(c)
-    await c.compute(diamond())
-    expected = (await crux_dask.get_pag(c)).suggest()  # every event applied
-    table = SuggestionTable(live_source(s.plugins["crux"]))
-    table.update()  # first sight of the graph: it may still be changing
-    assert table._running is None and table.source.data["change"] == []
-    table.update()  # unchanged since: replay it
-    graph, replay = table._running
-    assert graph[1] == s.plugins["crux"].builder.store.n_states
-    replay.result(timeout=30)
-    table.update()
-    assert table.source.data["change"] == expected["change"].tolist()
-    assert table.source.data["saved"] == pytest.approx(expected["saved"].tolist())
-    assert "left" in table.source.data["path_then"][0]  # the slow task stays on the path
-    assert "unchanged replay" in table.note.text
-    future = c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
-    await async_poll_for(lambda: s.plugins["crux"].builder.store.n_states > graph[1], 10)
-    before = table.source.data
-    table.update()  # the graph changed: not replayed until it is quiet again
-    assert table._running is None and table.source.data is before
-    await future
+@pytest.mark.parametrize("apart", [True, False])
+def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
+    """The live table replays once the graph stopped changing, in a process of its own,
+    like suggest; the graph is cut where it is built (in its process, or in a thread)."""
+
+    @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2,
+                 config={"crux-dask.graph-process": apart})
+    async def run(c, s, a, b):
+        await crux_dask.attach(c)
+        assert s.plugins["crux"].graph_apart is apart
+        result = c.compute(diamond())  # held: nothing is released while the test runs
+        await result
+        expected = (await crux_dask.get_pag(c)).suggest()  # every event applied
+        table = SuggestionTable(live_source(s.plugins["crux"]))
+        table.update()  # first sight of the graph: it may still be changing
+        assert table._running is None and table.source.data["change"] == []
+        table.update()  # unchanged since: replay it
+        graph, replay = table._running
+        assert graph[1] == s.plugins["crux"].builder.store.n_states
+        await async_poll_for(replay.done, 30)
+        table.update()
+        assert table.source.data["change"] == expected["change"].tolist()
+        assert table.source.data["saved"] == pytest.approx(expected["saved"].tolist())
+        assert "left" in table.source.data["path_then"][0]  # the slow task stays on the path
+        assert "unchanged replay" in table.note.text
+        future = c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+        await async_poll_for(lambda: s.plugins["crux"].builder.store.n_states > graph[1], 10)
+        before = table.source.data
+        table.update()  # the graph changed: not replayed until it is quiet again
+        assert table._running is None and table.source.data is before
+        await future
+        del result
+
+    run()
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)

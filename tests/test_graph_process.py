@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import dask
+import numpy as np
 import psutil
 from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
@@ -19,6 +20,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 import crux_dask
 from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.worker import flush_worker
+from crux_dask.store import PAGStore
 
 TOKEN = "graph-process-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -138,3 +140,22 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("script ran") == 1
+
+
+@gen_cluster(client=True)
+async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
+    """Cut where it is built, the graph reaches the scheduler a piece per message (not in
+    one message the scheduler would unpickle at once): the same graph as its copy there."""
+    await crux_dask.attach(c)
+    assert await c.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(20)])) == 210
+    await crux_dask.get_wcp(c)  # every event applied
+    crux = s.plugins["crux"]
+    kinds = []
+    receive = crux.ingest._on_message
+    crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
+    end, pieces = await crux.pieces()
+    assert kinds.count("piece") == len(pieces) > 1 and kinds.count("answer") == 1
+    store, mirror = PAGStore.from_pieces(pieces), crux.builder.store
+    assert end == crux.builder.end and store.n_states == mirror.n_states > 20
+    every = np.arange(mirror.n_states)
+    assert store.states_frame(every).equals(mirror.states_frame(every))

@@ -407,10 +407,11 @@ def _compute_here(store: PAGStore, end: int, version: tuple, selection: PathSele
     return _compute(version, lambda: view, computers)
 
 
-#: Computers kept where they compute, by token: the newest :data:`KEPT_AT_MOST`.
+#: Computers kept where they compute, by token: the newest :data:`KEPT_AT_MOST`, about
+#: one per page open (the task-group map's fold holds 8 bytes per key of the graph).
 _kept: OrderedDict[str, Any] = OrderedDict()
 _kept_lock = threading.Lock()
-KEPT_AT_MOST = 64
+KEPT_AT_MOST = 8
 
 
 def kept(computer: Any) -> Any:

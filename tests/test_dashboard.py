@@ -862,3 +862,25 @@ def test_a_thread_handoff_is_a_link_between_two_bars_and_a_row_that_says_so():
     assert set(links["y0"]) == set(links["y1"]) == {f"memory@{w}"}
     shown = dict(zip(breakdown.source.data["category"], breakdown.source.data["seconds"]))
     assert shown["compute"] == pytest.approx(3.0) and shown["wait"] == pytest.approx(0.0)
+
+
+def test_a_fold_is_kept_by_its_token_for_the_newest_pages():
+    """A copy of a fold (as it arrives, pickled, where the graph is) finds the fold that
+    folded, until as many newer ones pushed it out; the task-group map then folds again."""
+    import pickle
+
+    from crux_dask.dashboard.data import KEPT_AT_MOST, kept
+    from crux_dask.dashboard.overview import GroupFold
+
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", "tcp://w:1", 1, 1.0, 2.0, 8)
+    b.compute("y", "tcp://w:1", 1, 2.0, 3.0, 8, ("x",))
+    view = static_source(b.pag())()
+    fold = GroupFold()
+    kept(pickle.loads(pickle.dumps(fold)))(view)
+    assert kept(pickle.loads(pickle.dumps(fold)))._states_seen == b.store.n_states
+    assert fold._states_seen == 0  # the page's own stays empty
+    for _ in range(KEPT_AT_MOST):
+        kept(GroupFold())
+    assert kept(pickle.loads(pickle.dumps(fold)))._states_seen == 0

@@ -16,6 +16,7 @@ import distributed
 import crux_dask
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
+from crux_dask.plugins.transitions import transitions_frame
 from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
 from crux_dask.scopes import select
 from crux_dask.store import PAGStore
@@ -69,7 +70,7 @@ async def _get_pag(client: Client) -> PAG:
     from crux_dask.pag import PAG
 
     await _flush(client)
-    (end,), (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
+    (end,), _, (store,) = await _fetch_staged(client, _stage_pag_on_scheduler)
     return PAG([store], [end])
 
 
@@ -164,8 +165,9 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    (end, transitions, stats, scopes), stores = await _fetch_staged(
+    (end, stats, scopes), transitions, stores = await _fetch_staged(
         client, _stage_export_on_scheduler)
+    transitions = transitions_frame([pickle.loads(chunk) for chunk in transitions])
     info = await client.scheduler.identity()
     workers = info.get("workers", {})
     metadata = {
@@ -219,21 +221,24 @@ async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation:
                                 select(plugin.scopes(), computation, span), method)
 
 
-async def _fetch_staged(client: Client, stage: Any) -> tuple[tuple, list[PAGStore]]:
-    """What ``stage`` staged on the scheduler, a piece per message: its head and stores."""
+async def _fetch_staged(client: Client, stage: Any
+                        ) -> tuple[tuple, list[bytes], list[PAGStore]]:
+    """What ``stage`` staged on the scheduler, a piece per message: its head, the pieces
+    it staged besides the graph, and the stores."""
     token, n = await client.run_on_scheduler(stage)
     pieces = [await client.run_on_scheduler(_staged_piece, token=token, index=i)
               for i in range(n)]
-    head, counts = pickle.loads(pieces[0])
-    stores, start = [], 1
+    head, n_extra, counts = pickle.loads(pieces[0])
+    extra, start = pieces[1:1 + n_extra], 1 + n_extra
+    stores = []
     for count in counts:
         stores.append(PAGStore.from_pieces(pieces[start:start + count]))
         start += count
-    return head, stores
+    return head, extra, stores
 
 
 async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
-    return await _stage(_plugin(dask_scheduler), [], lambda end: (end,))
+    return await _stage(_plugin(dask_scheduler), [], lambda end: ((end,), []))
 
 
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
@@ -241,13 +246,13 @@ async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     spooled = await asyncio.get_running_loop().run_in_executor(None, plugin.spooled_stores)
     kept, stats, scopes = plugin.transitions.kept(), plugin.stats(), plugin.scopes()
     return await _stage(plugin, spooled, lambda end: (
-        end, plugin.transitions.frame(kept), stats, scopes))
+        (end, stats, scopes), [pickle.dumps(c) for c in plugin.transitions.in_chunks(kept)]))
 
 
 async def _stage(plugin: CruxSchedulerPlugin, spooled: list[PAGStore],
-                 head: Callable[[int], tuple]) -> tuple[str, int]:
-    """Stage ``head(end)``, the ``spooled`` stores and the live graph as it is now for a
-    client.
+                 head: Callable[[int], tuple[tuple, list[bytes]]]) -> tuple[str, int]:
+    """Stage what ``head(end)`` returns (a tuple and pieces of its own), the
+    ``spooled`` stores and the live graph as it is now, for a client.
 
     Everything is cut into pieces of a few megabytes: the live graph where it
     is built (:meth:`~CruxSchedulerPlugin.pieces`), the rest in a thread
@@ -259,7 +264,8 @@ async def _stage(plugin: CruxSchedulerPlugin, spooled: list[PAGStore],
 
     def cut() -> list[bytes]:
         parts = [*(store.to_pieces() for store in spooled), live]
-        return [pickle.dumps((head(end), [len(p) for p in parts])),
+        made, extra = head(end)
+        return [pickle.dumps((made, len(extra), [len(p) for p in parts])), *extra,
                 *(piece for part in parts for piece in part)]
 
     pieces = await asyncio.get_running_loop().run_in_executor(None, cut)

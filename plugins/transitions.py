@@ -14,7 +14,7 @@ from crux_dask.plugins.protocol import key_string
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CHUNK", "FIELDS", "TransitionLog"]
+__all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
 
 #: Transitions per chunk: the newest are rows until there are this many of them.
 CHUNK = 4096
@@ -83,28 +83,42 @@ class TransitionLog:
         """
         return list(self.chunks), self.rows, len(self.rows)
 
-    def frame(self, kept: tuple[list, list, int] | None = None) -> pd.DataFrame:
-        """The transitions kept (by default now, else when :meth:`kept` was called),
-        oldest first.
+    def in_chunks(self, kept: tuple[list, list, int] | None = None
+                  ) -> list[tuple[np.ndarray, ...]]:
+        """The transitions kept (by default now, else when :meth:`kept` was called) as
+        chunks of columns, oldest first: what :func:`transitions_frame` reads.
 
-        Returns
-        -------
-        pandas.DataFrame
-            Columns ``key``, ``start``, ``finish``, ``time``, ``location`` (the
-            worker, if any) and ``stimulus_id``.
+        Each can be pickled apart, a short hold of the interpreter: a million
+        transitions pickled at once hold it (and a server's event loop) for as
+        long as pickling each of their five million strings takes.
         """
-        import pandas as pd
         chunks, rows, n = kept or self.kept()
-        if n or not chunks:
-            chunks = [*chunks, _columns(rows[:n])]
-        keys, starts, finishes, workers, stimuli, times = (
-            np.concatenate(column) for column in zip(*chunks))
-        return pd.DataFrame({
-            "key": pd.Series([key_string(k) for k in keys.tolist()], dtype=object),
-            "start": pd.Series(starts, dtype=object), "finish": pd.Series(finishes, dtype=object),
-            "time": times, "location": pd.Series(workers, dtype=object),
-            "stimulus_id": pd.Series(stimuli, dtype=object),
-        })
+        return [*chunks, _columns(rows[:n])] if n or not chunks else list(chunks)
+
+    def frame(self, kept: tuple[list, list, int] | None = None) -> pd.DataFrame:
+        """:func:`transitions_frame` of the transitions kept (by default now, else when
+        :meth:`kept` was called)."""
+        return transitions_frame(self.in_chunks(kept))
+
+
+def transitions_frame(chunks: list[tuple[np.ndarray, ...]]) -> pd.DataFrame:
+    """The transitions of :meth:`TransitionLog.in_chunks`, oldest first.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``key``, ``start``, ``finish``, ``time``, ``location`` (the
+        worker, if any) and ``stimulus_id``.
+    """
+    import pandas as pd
+    keys, starts, finishes, workers, stimuli, times = (
+        np.concatenate(column) for column in zip(*chunks))
+    return pd.DataFrame({
+        "key": pd.Series([key_string(k) for k in keys.tolist()], dtype=object),
+        "start": pd.Series(starts, dtype=object), "finish": pd.Series(finishes, dtype=object),
+        "time": times, "location": pd.Series(workers, dtype=object),
+        "stimulus_id": pd.Series(stimuli, dtype=object),
+    })
 
 
 def _columns(rows: list[Any]) -> tuple[np.ndarray, ...]:

@@ -4,12 +4,13 @@ and nothing the scheduler's garbage collector has to walk."""
 from __future__ import annotations
 
 import gc
+import pickle
 
 import numpy as np
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
-from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog
+from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog, transitions_frame
 
 
 def record(log: TransitionLog, n: int, first: int = 0) -> None:
@@ -27,6 +28,19 @@ def test_every_transition_in_order_with_tuple_keys_whole():
     assert frame["location"].tolist()[:3] == ["tcp://w0", "tcp://w1", "tcp://w0"]
     assert (np.diff(frame["time"].to_numpy()) >= 0).all()
     assert log.dropped == 0
+
+
+def test_the_transitions_travel_in_chunks_pickled_apart():
+    """As the export sends them: no piece holds more than a chunk, and the table made
+    of them on the other side is the whole of it."""
+    log = TransitionLog(100_000)
+    record(log, 10_000)
+    pieces = [pickle.dumps(chunk) for chunk in log.in_chunks()]
+    assert len(pieces) == -(-10_000 // CHUNK)
+    chunks = [pickle.loads(piece) for piece in pieces]
+    assert max(len(chunk[0]) for chunk in chunks) <= CHUNK
+    assert transitions_frame(chunks).equals(log.frame())
+    assert len(transitions_frame(TransitionLog(10).in_chunks())) == 0
 
 
 def test_past_the_capacity_the_oldest_go_and_are_counted():

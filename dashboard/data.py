@@ -307,11 +307,15 @@ def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashbo
     """``function(*args)`` in a thread of its own, which ends with it.
 
     Not a pool: a thread left waiting for work would outlive the scheduler's
-    dashboard (and be reported as leaked by distributed's tests).
+    dashboard (and be reported as leaked by distributed's tests).  Once it runs
+    the future cannot be cancelled (as an executor's): one awaited by a task
+    cancelled with its event loop still gets its result.
     """
     result: Future = Future()
 
     def run() -> None:
+        if not result.set_running_or_notify_cancel():
+            return
         try:
             result.set_result(function(*args))
         except BaseException as error:  # handed to whoever reads the result

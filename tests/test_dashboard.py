@@ -125,7 +125,8 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)] * 2)
 async def test_components_show_the_critical_path(c, s, a, b):
     await crux_dask.attach(c)
-    await c.compute(diamond())
+    result = c.compute(diamond())  # held: no release reaches the graph between the updates
+    await result
     path = await crux_dask.get_wcp(c)
     data = live_source(s.plugins["crux"])
     timeline, breakdown, steps, overview = (WCPTimeline(data), Breakdown(data),
@@ -153,6 +154,7 @@ async def test_components_show_the_critical_path(c, s, a, b):
     before = timeline.source.data
     timeline.update()  # nothing changed: no new column dict is sent
     assert timeline.source.data is before
+    del result
 
 
 def _steps_and_where(view):

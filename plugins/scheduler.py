@@ -169,7 +169,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if isinstance(getattr(self, "ingest", None), GraphProcess):
             await self.ingest.close()
         if getattr(self, "spool", None) is not None:
-            self.spool.close()
+            self.spool.close(remove_temporary=True)
 
     # -- hooks: record, nothing more ------------------------------------------
     def update_graph(self, scheduler: Scheduler, *, tasks: list | None = None,

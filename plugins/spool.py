@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,13 +34,15 @@ class Spool:
     max_states : int or None
         States past which the graph is spooled; ``None``: never.
     directory : str or None
-        Where segments go; a new temporary directory, made at the first
-        spool, if ``None``.
+        Where segments go; if ``None``, a new temporary directory, made at
+        the first spool and removed by :meth:`close` with ``remove_temporary``.
 
     Attributes
     ----------
     directory : str or None
         The spool directory, once known.
+    temporary : bool
+        Whether the directory is a temporary one, made by the spool.
     n_states : int
         States written to the spool so far.
     n_lost : int
@@ -51,6 +54,7 @@ class Spool:
     def __init__(self, max_states: int | None, directory: str | None) -> None:
         self.max_states = max_states
         self.directory = directory
+        self.temporary = directory is None
         self.n_states = 0
         self.n_lost = 0
         self.last_end = -1
@@ -145,10 +149,18 @@ class Spool:
             stores += read_dataset(self.directory, run_id).stores
         return stores
 
-    def close(self) -> None:
-        """Finish the writes under way and stop the spool thread."""
+    def close(self, remove_temporary: bool = False) -> None:
+        """Finish the writes under way and stop the spool thread.
+
+        With ``remove_temporary``, also remove the spool directory if it is
+        a temporary one (no directory was configured): nothing can read it
+        once the scheduler is gone.  A configured directory is kept.
+        """
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        if remove_temporary and self.temporary and self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            logger.info("Crux removed its temporary spool directory %s", self.directory)
 
     def _submit(self, function: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
         if self._thread is None:

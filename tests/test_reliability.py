@@ -6,9 +6,11 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 
 import dask
 import msgpack
+import pytest
 from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 
 import crux_dask
@@ -178,6 +180,37 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
     assert sorted(computed["key"]) == sorted(f"step-{i}" for i in range(3_000))
     assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
     assert stats["inputs_substituted"] == 0  # every input found, across segments too
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_a_temporary_spool_goes_with_the_scheduler_a_configured_one_stays(configured,
+                                                                           tmp_path):
+    """Spooled segments in a directory Crux made itself are removed when the scheduler
+    closes (nothing can read them after); in the configured ``spool-dir`` they stay."""
+    from distributed import Client, LocalCluster
+
+    settings = {"crux-dask.max-states": 100}
+    if configured:
+        settings["crux-dask.spool-dir"] = str(tmp_path / "spool")
+    with dask.config.set(settings), \
+            LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        crux_dask.attach(client)
+        step = 0
+        for i in range(300):
+            step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
+        assert client.compute(step).result() == 300
+        poll_for(lambda: not client.run_on_scheduler(lambda dask_scheduler: len(
+            dask_scheduler.tasks)), timeout=30)
+        crux_dask.flush(client)
+        stats = crux_dask.get_stats(client)
+        assert stats["segments_spooled"] >= 1
+        directory = Path(stats["spool_dir"])
+        assert (directory / "metadata.json").exists()
+        assert (directory == tmp_path / "spool") == configured
+    assert directory.exists() == configured
+    if configured:
+        assert len(crux_dask.read_parquet(directory).run_ids) == stats["segments_spooled"]
 
 
 class CountingBuilder(PAGBuilder):

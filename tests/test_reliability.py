@@ -159,7 +159,6 @@ def test_many_clients_attach_once():
 async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
     """A pipeline that releases as it goes: 3,000 steps, about 6,000 states, cap 1,000."""
     import tempfile
-    from pathlib import Path
 
     await crux_dask.attach(c)
     step = 0
@@ -172,8 +171,9 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
     stats = await crux_dask.get_stats(c)
     assert stats["segments_spooled"] >= 3
     assert stats["states"] < 2 * 1_000  # what stays in the scheduler's memory is bounded
-    dataset = await crux_dask.export_parquet(c, Path(tempfile.mkdtemp()) / "runs")
-    pag = crux_dask.read_parquet(dataset)
+    with tempfile.TemporaryDirectory() as out:
+        dataset = await crux_dask.export_parquet(c, Path(out) / "runs")
+        pag = crux_dask.read_parquet(dataset)
     assert len(pag.run_ids) == stats["segments_spooled"] + 1
     assert len(pag) == stats["states_spooled"] + stats["states"]  # nothing lost
     computed = pag.states[pag.states["thread"].notna()]

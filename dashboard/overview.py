@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, DataTable, HoverTool, TableColumn
+from bokeh.models import ColumnDataSource, DataTable, HoverTool
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
 from crux_dask.dashboard.data import Component, GraphView, Source, kept
+from crux_dask.dashboard.tables import table_columns
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
@@ -271,7 +272,7 @@ class PAGOverview(Component):
         self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
         self.table = DataTable(source=self.details, height=200, index_position=None,
                                name="crux-overview-states",
-                               columns=[TableColumn(field=c, title=c) for c in DETAIL_COLUMNS],
+                               columns=table_columns(*((c, c) for c in DETAIL_COLUMNS)),
                                **kwargs)
         self.source.selected.on_change("indices", self._drill_down)
         self.root = column(self.figure, self.table, **kwargs)

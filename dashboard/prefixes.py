@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
+from bokeh.models import ColumnDataSource, DataTable
 
 from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.tables import table_columns
 
 COLUMNS = ("prefix", "seconds", "share", "steps", "dominant")
 
@@ -26,12 +27,7 @@ class PrefixTable(Component):
         super().__init__(data)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         self.root = DataTable(source=self.source, name="crux-prefixes", index_position=None,
-                              height=300, columns=[
-            TableColumn(field="prefix", title="prefix", width=200),
-            TableColumn(field="seconds", title="on the path (s)",
-                        formatter=NumberFormatter(format="0.000"), width=100),
-            TableColumn(field="share", title="share",
-                        formatter=NumberFormatter(format="0.0%"), width=60),
-            TableColumn(field="steps", title="steps", width=50),
-            TableColumn(field="dominant", title="mostly", width=90),
-        ], **kwargs)
+                              height=300, columns=table_columns(
+            ("prefix", "prefix", 200), ("seconds", "on the path (s)", 100, "0.000"),
+            ("share", "share", 60, "0.0%"), ("steps", "steps", 50),
+            ("dominant", "mostly", 90)), **kwargs)

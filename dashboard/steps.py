@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.models import ColumnDataSource, DataTable, NumberFormatter, TableColumn
+from bokeh.models import ColumnDataSource, DataTable
 
 from crux_dask.dashboard.data import Component, GraphView, Source
 from crux_dask.dashboard.pieces import text
+from crux_dask.dashboard.tables import table_columns
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
            "scheduling", "rescheduled", "queued", "wait", "scope")
@@ -36,23 +37,13 @@ class StepsTable(Component):
     def __init__(self, data: Source, **kwargs: Any) -> None:
         super().__init__(data)
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
-        seconds = NumberFormatter(format="0.000")
         self.root = DataTable(source=self.source, name="crux-steps", index_position=None,
-                              height=300, columns=[
-            TableColumn(field="step", title="#", width=30),
-            TableColumn(field="via", title="released by", width=70),
-            TableColumn(field="kind", title="kind", width=80),
-            TableColumn(field="key", title="key", width=260),
-            TableColumn(field="source", title="from", width=180),
-            TableColumn(field="destination", title="to", width=180),
-            TableColumn(field="busy", title="busy (s)", formatter=seconds, width=70),
-            TableColumn(field="io", title="io (s)", formatter=seconds, width=60),
-            TableColumn(field="client", title="client (s)", formatter=seconds, width=70),
-            TableColumn(field="scheduling", title="scheduling (s)", formatter=seconds,
-                        width=80),
-            TableColumn(field="rescheduled", title="rescheduled (s)", formatter=seconds,
-                        width=85),
-            TableColumn(field="queued", title="queued (s)", formatter=seconds, width=70),
-            TableColumn(field="wait", title="wait (s)", formatter=seconds, width=70),
-            TableColumn(field="scope", title="scope", width=70),
-        ], **kwargs)
+                              height=300, columns=table_columns(
+            ("step", "#", 30), ("via", "released by", 70), ("kind", "kind", 80),
+            ("key", "key", 260), ("source", "from", 180), ("destination", "to", 180),
+            ("busy", "busy (s)", 70, "0.000"), ("io", "io (s)", 60, "0.000"),
+            ("client", "client (s)", 70, "0.000"),
+            ("scheduling", "scheduling (s)", 80, "0.000"),
+            ("rescheduled", "rescheduled (s)", 85, "0.000"),
+            ("queued", "queued (s)", 70, "0.000"), ("wait", "wait (s)", 70, "0.000"),
+            ("scope", "scope", 70)), **kwargs)

@@ -11,10 +11,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, DataTable, Div, NumberFormatter, TableColumn
+from bokeh.models import ColumnDataSource, DataTable, Div
 from distributed.utils import log_errors
 
 from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
+from crux_dask.dashboard.tables import table_columns
 from crux_dask.plugins.scheduler import graph_pieces
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
@@ -125,16 +126,11 @@ class SuggestionTable(Component):
         super().__init__(data)
         self.background = background
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
-        seconds = NumberFormatter(format="0.000")
         self.table = DataTable(source=self.source, name="crux-suggestions",
-                               index_position=None, height=230, columns=[
-            TableColumn(field="change", title="change", width=170),
-            TableColumn(field="predicted", title="predicted (s)", formatter=seconds, width=90),
-            TableColumn(field="saved", title="saved (s)", formatter=seconds, width=80),
-            TableColumn(field="saved_share", title="saved",
-                        formatter=NumberFormatter(format="0.0%"), width=60),
-            TableColumn(field="path_then", title="the path then spends most in", width=330),
-        ], **kwargs)
+                               index_position=None, height=230, columns=table_columns(
+            ("change", "change", 170), ("predicted", "predicted (s)", 90, "0.000"),
+            ("saved", "saved (s)", 80, "0.000"), ("saved_share", "saved", 60, "0.0%"),
+            ("path_then", "the path then spends most in", 330)), **kwargs)
         self.note = Div(text="", name="crux-suggestions-note")
         self.root = column(Div(text="<b>What to fix</b>: the whole run replayed with each "
                                     "change"), self.note, self.table, **kwargs)

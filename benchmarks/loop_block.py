@@ -32,13 +32,18 @@ holds every thread, the event loop's too.
 Target: no stretch above 10 ms because of Crux, and never distributed's
 "event loop was unresponsive" warning.
 
-Usage: ``python benchmarks/loop_block.py [--tasks N] [--browser]``
+With ``--max-states N``, the scheduler spools its graph to disk past ``N``
+states (``crux-dask.max-states``): the export then reads the spooled segments
+back too.
+
+Usage: ``python benchmarks/loop_block.py [--tasks N] [--browser] [--max-states N]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -140,15 +145,21 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=400_000)
     parser.add_argument("--browser", action="store_true",
                         help="open the pages in headless Chromium (with chromedriver)")
+    parser.add_argument("--max-states", type=int, default=None,
+                        help="spool the graph to disk past this many states")
     args = parser.parse_args()
     batches, n_events, _ = encode(args.tasks)
+    environment = dict(os.environ)
+    if args.max_states is not None:
+        environment["DASK_CRUX_DASK__MAX_STATES"] = str(args.max_states)
     with tempfile.TemporaryDirectory() as directory, \
             open(Path(directory) / "scheduler.log", "w+") as log:
         scheduler_file = Path(directory) / "scheduler.json"
         scheduler = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
              "--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file",
-             str(scheduler_file), "--preload", "crux_dask.plugins"], stderr=log)
+             str(scheduler_file), "--preload", "crux_dask.plugins"], stderr=log,
+            env=environment)
         try:
             while not scheduler_file.exists():
                 time.sleep(0.1)
@@ -184,6 +195,9 @@ def run(client: Client, batches: list[bytes], n_events: int, browser: bool) -> N
     results["ingest"] = client.run_on_scheduler(longest_since_reset)
     n_states = client.run_on_scheduler(states)
     stats = crux_dask.get_stats(client)
+    if stats["segments_spooled"]:
+        print(f"spooled: {stats['segments_spooled']} segments, "
+              f"{stats['states_spooled']:,} states")
     print(f"ingest: {n_events:,} events, {n_states:,} states in "
           f"{time.perf_counter() - started:.1f} s; the longest stretch of Crux's own "
           f"account (applying, or appending what its graph process sent) "

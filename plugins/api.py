@@ -243,32 +243,29 @@ async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
 
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
-    spooled = await asyncio.get_running_loop().run_in_executor(None, plugin.spooled_stores)
+    spooled = await plugin.spooled_pieces()
     kept, stats, scopes = plugin.transitions.kept(), plugin.stats(), plugin.scopes()
     return await _stage(plugin, spooled, lambda end: (
-        (end, stats, scopes), [pickle.dumps(c) for c in plugin.transitions.in_chunks(kept)]))
+        (end, stats, scopes), plugin.transitions.in_chunks(kept)))
 
 
-async def _stage(plugin: CruxSchedulerPlugin, spooled: list[PAGStore],
-                 head: Callable[[int], tuple[tuple, list[bytes]]]) -> tuple[str, int]:
+async def _stage(plugin: CruxSchedulerPlugin, spooled: list[list[bytes]],
+                 head: Callable[[int], tuple[tuple, list]]) -> tuple[str, int]:
     """Stage what ``head(end)`` returns (a tuple and pieces of its own), the
-    ``spooled`` stores and the live graph as it is now, for a client.
+    ``spooled`` segments' pieces and the live graph as it is now, for a client.
 
-    Everything is cut into pieces of a few megabytes: the live graph where it
-    is built (:meth:`~CruxSchedulerPlugin.pieces`), the rest in a thread
-    (``head`` too is called there).  The client then fetches one piece per
-    message, so that the event loop never serializes a large graph at once.
+    The graphs are cut into pieces of a few megabytes where they are built or
+    spooled (:meth:`~CruxSchedulerPlugin.pieces`,
+    :meth:`~CruxSchedulerPlugin.spooled_pieces`); the pieces of ``head`` are
+    pickled one at a time as they are fetched.  The client fetches one piece
+    per message, so that the event loop never serializes much at once.
     Returns the token and the number of pieces.
     """
     end, live = await plugin.pieces()
-
-    def cut() -> list[bytes]:
-        parts = [*(store.to_pieces() for store in spooled), live]
-        made, extra = head(end)
-        return [pickle.dumps((made, len(extra), [len(p) for p in parts])), *extra,
-                *(piece for part in parts for piece in part)]
-
-    pieces = await asyncio.get_running_loop().run_in_executor(None, cut)
+    parts = [*spooled, live]
+    made, extra = head(end)
+    pieces = [pickle.dumps((made, len(extra), [len(p) for p in parts])), *extra,
+              *(piece for part in parts for piece in part)]
     return plugin.stage(pieces), len(pieces)
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import pickle
 import time
 import uuid
 from collections import OrderedDict
@@ -286,9 +287,26 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """
         return self.spool.read(run_id)
 
-    def spooled_stores(self) -> list[PAGStore]:
-        """Every spooled segment, read back; blocks, so call it off the event loop."""
-        return self.spool.stores()
+    async def spooled_pieces(self) -> list[list[bytes]]:
+        """Every spooled segment, read back and cut into pieces
+        (:meth:`PAGStore.to_pieces`), oldest first.
+
+        Read where the graph is built, in its own process if it has one (and
+        sent a piece per message), else in a thread.  Read in a thread of the
+        scheduler's process, four segments of 200,000 states held the event
+        loop 120-150 ms: the loop waited for the interpreter each time it let
+        go of it, a dozen times in each of distributed's system monitor reads.
+        """
+        run_ids = self.spool.run_ids
+        if not run_ids:
+            return []
+        if self.graph_apart:
+            with contextlib.suppress(GraphProcessGone):
+                cut = await self.ingest.analyse(spooled_graph_pieces, self.spool.directory,
+                                                run_ids)
+                return _split(cut, cut.head)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: [store.to_pieces() for store in self.spool.stores()])
 
     def scopes(self) -> list[Scope]:
         """The computations and spans the scheduler remembers, oldest first."""
@@ -341,8 +359,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         copy = await asyncio.get_running_loop().run_in_executor(None, store.copy, upto)
         return copy, end
 
-    def stage(self, pieces: list[bytes]) -> str:
+    def stage(self, pieces: list[Any]) -> str:
         """Keep ``pieces`` for a client to fetch one at a time; their token.
+
+        A piece that is not ``bytes`` is pickled when it is fetched: pickling
+        is spread over the fetches, a piece per message, on the event loop.
 
         The oldest of more than :data:`STAGED_MAX` stagings is dropped (a
         client that went away before it fetched everything).
@@ -364,7 +385,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         pieces = self.staged[token]
         if index == len(pieces) - 1:
             del self.staged[token]
-        return pieces[index]
+        piece = pieces[index]
+        return piece if isinstance(piece, bytes) else pickle.dumps(piece, protocol=5)
 
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""
@@ -402,3 +424,24 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 def graph_pieces(store: PAGStore, end: int) -> Pieces:
     """``store`` cut into pieces, ``end`` their head: for :meth:`CruxSchedulerPlugin.analyse`."""
     return Pieces(store.to_pieces(), end)
+
+
+def spooled_graph_pieces(store: PAGStore, end: int, directory: str, run_ids: list[str]
+                         ) -> Pieces:
+    """The segments ``run_ids`` spooled to ``directory``, read back and cut into pieces;
+    their head: how many pieces each store has.  For :meth:`CruxSchedulerPlugin.analyse`
+    (the live graph, ``store`` and ``end``, is not read)."""
+    from crux_dask.provenance import read_dataset
+
+    parts = [segment.to_pieces() for run_id in run_ids
+             for segment in read_dataset(directory, run_id).stores]
+    return Pieces([piece for part in parts for piece in part], [len(part) for part in parts])
+
+
+def _split(pieces: list[bytes], counts: list[int]) -> list[list[bytes]]:
+    """``pieces`` split into lists of ``counts`` pieces."""
+    parts, start = [], 0
+    for count in counts:
+        parts.append(pieces[start:start + count])
+        start += count
+    return parts

@@ -159,3 +159,33 @@ async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
     assert end == crux.builder.end and store.n_states == mirror.n_states > 20
     every = np.arange(mirror.n_states)
     assert store.states_frame(every).equals(mirror.states_frame(every))
+
+
+@gen_cluster(client=True, config={"crux-dask.max-states": 100})
+async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_message(
+        c, s, a, b):
+    """For an export, the segments spooled to disk are read back and cut where they
+    were written, and reach the scheduler a piece per message: as they are on disk."""
+    from crux_dask.provenance import read_dataset
+
+    await crux_dask.attach(c)
+    step = 0
+    for i in range(300):
+        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
+    assert await c.compute(step) == 300
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    assert crux.graph_apart and len(crux.spool.run_ids) >= 2
+    kinds = []
+    receive = crux.ingest._on_message
+    crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
+    parts = await crux.spooled_pieces()
+    assert kinds.count("piece") == sum(map(len, parts)) and kinds.count("answer") == 1
+    on_disk = [store for run_id in crux.spool.run_ids
+               for store in read_dataset(crux.spool.directory, run_id).stores]
+    assert len(parts) == len(on_disk)
+    for pieces, written in zip(parts, on_disk):
+        store = PAGStore.from_pieces(pieces)
+        every = np.arange(written.n_states)
+        assert store.n_states == written.n_states > 0
+        assert store.states_frame(every).equals(written.states_frame(every))

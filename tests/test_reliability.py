@@ -155,12 +155,16 @@ def test_many_clients_attach_once():
                 client.close()
 
 
+@pytest.mark.parametrize("graph_process", [True, False])
 @gen_cluster(client=True, timeout=240, config={"crux-dask.max-states": 1_000})
-async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b):
-    """A pipeline that releases as it goes: 3,000 steps, about 6,000 states, cap 1,000."""
+async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b, graph_process):
+    """A pipeline that releases as it goes: 3,000 steps, about 6,000 states, cap 1,000.
+    Spooled segments are read back for the export by the graph process, or in a thread."""
     import tempfile
 
-    await crux_dask.attach(c)
+    with dask.config.set({"crux-dask.graph-process": graph_process}):
+        await crux_dask.attach(c)
+    assert s.plugins["crux"].graph_apart == graph_process
     step = 0
     for i in range(3_000):
         step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")

@@ -14,7 +14,7 @@ import dask
 import distributed
 
 import crux_dask
-from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+from crux_dask.plugins.scheduler import CruxSchedulerPlugin, split_pieces
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
 from crux_dask.plugins.transitions import transitions_frame
 from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
@@ -229,12 +229,9 @@ async def _fetch_staged(client: Client, stage: Any
     pieces = [await client.run_on_scheduler(_staged_piece, token=token, index=i)
               for i in range(n)]
     head, n_extra, counts = pickle.loads(pieces[0])
-    extra, start = pieces[1:1 + n_extra], 1 + n_extra
-    stores = []
-    for count in counts:
-        stores.append(PAGStore.from_pieces(pieces[start:start + count]))
-        start += count
-    return head, extra, stores
+    stores = [PAGStore.from_pieces(part)
+              for part in split_pieces(pieces[1 + n_extra:], counts)]
+    return head, pieces[1:1 + n_extra], stores
 
 
 async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:

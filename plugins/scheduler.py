@@ -304,7 +304,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             with contextlib.suppress(GraphProcessGone):
                 cut = await self.ingest.analyse(spooled_graph_pieces, self.spool.directory,
                                                 run_ids)
-                return _split(cut, cut.head)
+                return split_pieces(cut, cut.head)
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: [store.to_pieces() for store in self.spool.stores()])
 
@@ -438,8 +438,8 @@ def spooled_graph_pieces(store: PAGStore, end: int, directory: str, run_ids: lis
     return Pieces([piece for part in parts for piece in part], [len(part) for part in parts])
 
 
-def _split(pieces: list[bytes], counts: list[int]) -> list[list[bytes]]:
-    """``pieces`` split into lists of ``counts`` pieces."""
+def split_pieces(pieces: list[bytes], counts: list[int]) -> list[list[bytes]]:
+    """``pieces`` split into consecutive lists of ``counts`` pieces."""
     parts, start = [], 0
     for count in counts:
         parts.append(pieces[start:start + count])

@@ -444,6 +444,31 @@ def test_overview_stays_within_its_glyph_budget():
     assert len(overview.edges.data["x0"]) <= 20
 
 
+def test_each_table_has_one_editor_and_one_formatter_per_format():
+    """Bokeh makes a formatter and an editor per column left to its defaults: each a
+    model more to encode on the event loop when the page is shown."""
+    from bokeh.models import CellEditor, CellFormatter, NumberFormatter, TableColumn
+
+    b = PAGBuilder()
+    b.root(0.0)
+    data = static_source(b.pag())
+    tables = {"steps": StepsTable(data).root, "prefixes": PrefixTable(data).root,
+              "map's states": PAGOverview(data).table,
+              "what to fix": SuggestionTable(data, background=False).table}
+    for name, table in tables.items():
+        models = table.references()
+        columns = [m for m in models if isinstance(m, TableColumn)]
+        formats = {column.formatter.format if isinstance(column.formatter, NumberFormatter)
+                   else None for column in columns}
+        assert len(columns) >= 5, name
+        assert sum(isinstance(m, CellEditor) for m in models) == 1, name
+        assert sum(isinstance(m, CellFormatter) for m in models) == len(formats), name
+    steps = {column.field: column for column in tables["steps"].columns}
+    assert steps["busy"].formatter.format == "0.000" and steps["busy"].width == 70
+    assert steps["busy"].formatter is steps["wait"].formatter
+    assert not isinstance(steps["key"].formatter, NumberFormatter)
+
+
 def test_the_map_puts_each_task_group_one_layer_after_its_deepest_input():
     import random
 

@@ -35,6 +35,8 @@ from crux_dask.dashboard.steps import StepsTable, steps_columns
 from crux_dask.dashboard.suggestions import SuggestionTable, _suggestions, _suggestions_apart
 from crux_dask.dashboard.timeline import WCPTimeline
 
+from workloads import chain
+
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
 
 
@@ -793,7 +795,6 @@ def test_browser_shows_the_same_path_in_the_report(tmp_path):
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.max-states": 100})
 async def test_run_selector_shows_a_spooled_run(c, s, a, b):
-    from distributed.utils_test import inc
 
     from crux_dask.dashboard.data import (
         PathSelection,
@@ -805,10 +806,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     from crux_dask.dashboard.pages import RunSelector
 
     await crux_dask.attach(c)
-    step = 0
-    for i in range(300):
-        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
-    assert await c.compute(step) == 300
+    assert await c.compute(chain(300)) == 300
     await crux_dask.flush(c)
     plugin = s.plugins["crux"]
     spooled = plugin.spooled_runs()

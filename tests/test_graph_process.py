@@ -22,6 +22,8 @@ from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
 
+from workloads import chain
+
 TOKEN = "graph-process-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
 
@@ -169,10 +171,7 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
     from crux_dask.provenance import read_dataset
 
     await crux_dask.attach(c)
-    step = 0
-    for i in range(300):
-        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
-    assert await c.compute(step) == 300
+    assert await c.compute(chain(300)) == 300
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
     assert crux.graph_apart and len(crux.spool.run_ids) >= 2

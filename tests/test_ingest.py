@@ -6,9 +6,8 @@ import asyncio
 import json
 import time
 
-import dask
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.utils_test import async_poll_for, gen_cluster, gen_test, inc
+from distributed.utils_test import async_poll_for, gen_cluster, gen_test
 from tornado.httpclient import AsyncHTTPClient
 
 import crux_dask
@@ -20,6 +19,8 @@ from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import FILES
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK
+
+from workloads import chain
 
 TOKEN = "s3cret-token"
 DASHBOARD = {"dashboard": True, "dashboard_address": ":0"}
@@ -254,10 +255,7 @@ async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a,
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
     started = time.time()  # when the external data is made: it does not end the workflow
-    step = 0
-    for i in range(20):
-        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
-    assert await c.compute(step) == 20
+    assert await c.compute(chain(20)) == 20
     pending, applied = crux.ingest.pending, crux.builder.n_applied
     assert pending >= 20  # recorded by the hook, waiting for the periodic callback
 

@@ -19,6 +19,8 @@ from crux_dask.codec import MAX_BATCH_BYTES, encode_batch
 from crux_dask.events import Compute
 from crux_dask.plugins import CruxWorkerPlugin
 
+from workloads import chain
+
 
 def malformed_batches(n: int, seed: int = 0) -> list[bytes]:
     """``n`` batches of every malformed kind: random bytes, wrong versions and types, huge."""
@@ -165,10 +167,7 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b, gra
     with dask.config.set({"crux-dask.graph-process": graph_process}):
         await crux_dask.attach(c)
     assert s.plugins["crux"].graph_apart == graph_process
-    step = 0
-    for i in range(3_000):
-        step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
-    assert await c.compute(step) == 3_000
+    assert await c.compute(chain(3_000)) == 3_000
     # The result's release too, on the workers, so that no event comes after the counts.
     await async_poll_for(lambda: not (s.tasks or a.state.tasks or b.state.tasks), timeout=30)
     await crux_dask.flush(c)
@@ -200,10 +199,7 @@ def test_a_temporary_spool_goes_with_the_scheduler_a_configured_one_stays(config
             LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         crux_dask.attach(client)
-        step = 0
-        for i in range(300):
-            step = dask.delayed(inc)(step, dask_key_name=f"step-{i}")
-        assert client.compute(step).result() == 300
+        assert client.compute(chain(300)).result() == 300
         poll_for(lambda: not client.run_on_scheduler(lambda dask_scheduler: len(
             dask_scheduler.tasks)), timeout=30)
         crux_dask.flush(client)

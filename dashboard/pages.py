@@ -91,10 +91,22 @@ class MadeOffLoop(Handler):
         (show or self._make())(doc)  # made here if it was not made before (or failed)
 
 
-def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any],
+def largest_first(parts: list[Any]) -> list[tuple[int, Any]]:
+    """``parts`` (in the order the page shows them) with their positions, the part of
+    most models first: the order :func:`show_in_stages` adds them in.
+
+    A part added to a document costs a walk of every model already there and
+    the encoding of its own: added largest first, no part pays for both a long
+    walk and a long encoding.  Walks every model: call it off the event loop.
+    """
+    return sorted(enumerate(parts), key=lambda placed: -len(placed[1].references()))
+
+
+def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, Any]],
                    sources: list[ColumnDataSource]) -> None:
-    """Add ``root`` to ``doc`` now, and each of ``parts`` to ``body`` (a layout in it)
-    once the browser shows the rest, one per turn of the event loop.
+    """Add ``root`` to ``doc`` now, and each of ``parts`` (``(position, part)``, see
+    :func:`largest_first`) to ``body`` (a layout in it) at its position once the browser
+    shows the rest, one per turn of the event loop.
 
     Bokeh checks every model of a document when its session starts, and the
     browser pulls them all at once: a page added whole holds the event loop
@@ -108,12 +120,15 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[Any],
     doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
     doc.add_root(root)
     waiting = list(parts)
+    shown: list[int] = []  # the positions of the parts added
     started = False
 
     def add_next() -> None:
         if waiting:
+            position, part = waiting.pop(0)
             hold_back(sources)
-            body.children.append(waiting.pop(0))
+            body.children.insert(sum(other < position for other in shown), part)
+            shown.append(position)
             release(sources)
             doc.add_next_tick_callback(add_next)
 
@@ -138,7 +153,7 @@ def crux_page(data: Source, runs: Runs, extra: dict) -> Callable[[Document], Non
     choice = RunChoice()
     selected = selected_source(chosen_source(data, runs, choice), selection)
     updaters, layout = crux_layout(selected)
-    parts = list(layout.children)
+    parts = largest_first(list(layout.children))
     layout.children = []
 
     def show(doc: Document) -> None:
@@ -356,7 +371,7 @@ def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
         add_periodic_callback(doc, updater, UPDATE_INTERVAL)
         doc.title = f"Dask: Crux {cls.__name__}"
         body = column(sizing_mode="stretch_both")
-        show_in_stages(doc, body, body, [component.root], component.sources)
+        show_in_stages(doc, body, body, [(0, component.root)], component.sources)
 
     return show
 

@@ -94,12 +94,14 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
 
     from crux_dask.dashboard import pages
 
-    made_in = []
+    made_in, in_order = [], []
     crux_layout, at_the_latest = pages.crux_layout, pages.STAGES_AT_THE_LATEST
 
     def recorded_layout(data):
         made_in.append(threading.current_thread())
-        return crux_layout(data)
+        updaters, layout = crux_layout(data)
+        in_order.extend(layout.children)
+        return updaters, layout
 
     pages.crux_layout, pages.STAGES_AT_THE_LATEST = recorded_layout, 600_000
     try:
@@ -117,8 +119,15 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
     _, body = document.roots[0].children
     assert body.children == []  # nothing but the selectors before the page is shown
     assert document.get_model_by_name("crux-run") is not None
+    shown = []  # the page's parts after each change of the body's
+    document.on_change(lambda event: shown.append(list(body.children)))
     await session.with_document_locked(document.callbacks.trigger_event, DocumentReady())
     await async_poll_for(lambda: len(body.children) == 5, timeout=10)
+    assert list(body.children) == in_order  # each part at its place on the page
+    added = [next(part for part in now if part not in before)
+             for before, now in pairwise([[], *shown]) if len(now) > len(before)]
+    sizes = [len(part.references()) for part in added]
+    assert len(added) == 5 and sizes == sorted(sizes, reverse=True)  # the largest first
     names = {model.name for part in body.children for model in part.references()}
     assert {"crux-breakdown", "crux-prefixes", "crux-steps", "crux-timeline-bars",
             "crux-overview", "crux-suggestions"} <= names

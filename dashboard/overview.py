@@ -33,7 +33,7 @@ from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
 from crux_dask.dashboard.data import Component, GraphView, Source, kept
-from crux_dask.dashboard.tables import table_columns
+from crux_dask.dashboard.datatables import table_columns
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 

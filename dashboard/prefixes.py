@@ -7,7 +7,7 @@ from typing import Any
 from bokeh.models import ColumnDataSource, DataTable
 
 from crux_dask.dashboard.data import Component, GraphView, Source
-from crux_dask.dashboard.tables import table_columns
+from crux_dask.dashboard.datatables import table_columns
 
 COLUMNS = ("prefix", "seconds", "share", "steps", "dominant")
 

@@ -7,8 +7,8 @@ from typing import Any
 from bokeh.models import ColumnDataSource, DataTable
 
 from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.datatables import table_columns
 from crux_dask.dashboard.pieces import text
-from crux_dask.dashboard.tables import table_columns
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
            "scheduling", "rescheduled", "queued", "wait", "scope")

@@ -1,4 +1,4 @@
-"""Table columns made of few Bokeh models.
+"""Columns of Bokeh data tables, made of few Bokeh models.
 
 Every model of a page is checked and encoded on the scheduler's event loop
 when the page is shown, about a quarter of a millisecond each.  A Bokeh

@@ -2,14 +2,13 @@
 
 A live page is added to its document a part (a component) per turn of the
 event loop, the part of most models first, each at its place on the page
-(``crux_dask.dashboard.pages.show_in_stages``); on that turn Bokeh walks every
-model of the document to find the new ones and applies the theme to them (the
-*check*), and encodes the new models as the change the browser is sent (the
-*encoding*).  Neither depends on
-the graph's size (its data goes in pieces after, see ``crux_dask.dashboard.pieces``);
-both grow with the number of models, the check with all the document's.  This
-measures both for each part, in the order they are added, on an empty graph
-(median of 5 pages).
+(``crux_dask.dashboard.pages.show_in_stages``).  On that turn Bokeh walks
+every model of the document to find the new ones and applies the theme to
+them (the *check*), and encodes the new models as the change the browser is
+sent (the *encoding*).  Neither depends on the graph's size (its data goes in
+pieces after, see ``crux_dask.dashboard.pieces``); both grow with the number
+of models, the check with all the document's.  This measures both for each
+part, in the order they are added, on an empty graph (median of 5 pages).
 
 Usage: ``python benchmarks/page_parts.py``
 """
@@ -27,7 +26,7 @@ from distributed.dashboard.components.scheduler import BOKEH_THEME
 from crux_dask import PAGBuilder
 from crux_dask.dashboard.data import GraphView
 from crux_dask.dashboard.layout import crux_layout
-from crux_dask.dashboard.pages import largest_first
+from crux_dask.dashboard.pages import insert_in_place, largest_first
 
 ROUNDS = 5
 
@@ -54,8 +53,7 @@ def one_page() -> list[tuple[str, int, int, float, float]]:
     for position, part in largest_first(parts):
         events.clear()
         started = time.perf_counter()
-        layout.children.insert(sum(other < position for other in shown), part)
-        shown.append(position)
+        insert_in_place(layout, position, part, shown)
         checked = time.perf_counter()
         protocol.create("PATCH-DOC", list(events))
         encoded = time.perf_counter()

@@ -102,6 +102,13 @@ def largest_first(parts: list[Any]) -> list[tuple[int, Any]]:
     return sorted(enumerate(parts), key=lambda placed: -len(placed[1].references()))
 
 
+def insert_in_place(layout: Any, position: int, part: Any, shown: list[int]) -> None:
+    """Insert ``part`` in ``layout`` where its ``position`` puts it among the parts
+    already shown (``shown``: their positions), and add its position to them."""
+    layout.children.insert(sum(other < position for other in shown), part)
+    shown.append(position)
+
+
 def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, Any]],
                    sources: list[ColumnDataSource]) -> None:
     """Add ``root`` to ``doc`` now, and each of ``parts`` (``(position, part)``, see
@@ -127,8 +134,7 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, A
         if waiting:
             position, part = waiting.pop(0)
             hold_back(sources)
-            body.children.insert(sum(other < position for other in shown), part)
-            shown.append(position)
+            insert_in_place(body, position, part, shown)
             release(sources)
             doc.add_next_tick_callback(add_next)
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from array import array
 
 import dask
 import numpy as np
@@ -18,7 +19,7 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
-from crux_dask.plugins.graph_process import GraphProcess
+from crux_dask.plugins.graph_process import SHIP_STATES, GraphMirror, GraphProcess
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
 
@@ -188,3 +189,42 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
         every = np.arange(written.n_states)
         assert store.n_states == written.n_states > 0
         assert store.states_frame(every).equals(written.states_frame(every))
+
+
+def test_the_scheduler_copy_grows_a_column_at_a_time():
+    """The copy of the graph the scheduler keeps is appended to in blocks of the
+    process's columns: an append copies at most a couple of columns, never all at once,
+    and the copy reads as what was sent."""
+    mirror = GraphMirror("run")
+    names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
+    typecodes = {name: getattr(PAGStore("run"), name).typecode for name in names}
+    oracle = {name: array(typecodes[name]) for name in names}  # how an array.array grows
+    sent: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    summary = {"end": -1, "n_applied": 0, "n_parked": 0, "n_parked_total": 0,
+               "n_fallbacks": 0, "n_lost": 0}
+    block = SHIP_STATES
+    grown_together, grown_together_oracle = [], []
+    for message in range(160):
+        rows = {name: (np.arange(block) + message * block).astype(typecodes[name])
+                for name in names}
+        before = {name: getattr(mirror.store, name).capacity for name in names}
+        before_oracle = {name: sys.getsizeof(oracle[name]) for name in names}
+        mirror.extend("run", {name: values.tobytes() for name, values in rows.items()}, summary)
+        for name, values in rows.items():
+            sent[name].append(values)
+            oracle[name].frombytes(values.tobytes())
+        if message * block >= 1 << 18:  # blocks are now short of a stagger's spacing
+            grown_together.append(sum(getattr(mirror.store, name).capacity != before[name]
+                                      for name in names))
+            grown_together_oracle.append(sum(sys.getsizeof(oracle[name]) != before_oracle[name]
+                                             for name in names))
+    assert max(grown_together) <= 2
+    assert max(grown_together_oracle) == len(names)  # what the copy used to do
+    store = mirror.store
+    assert store.n_states == 160 * block
+    for name in names:
+        assert np.array_equal(store.column(name), np.concatenate(sent[name]))
+    ids = np.array([5, 160 * block - 1, 70_000])
+    assert np.array_equal(store.column("state_time", ids), np.concatenate(sent["state_time"])[ids])
+    copied = PAGStore.from_pieces(store.to_pieces())
+    assert np.array_equal(copied.column("mutation_busy"), store.column("mutation_busy"))

@@ -1,8 +1,8 @@
 """Columnar, append-only storage of a program activity graph.
 
 No Python object is kept per state or per mutation: every column is an
-:class:`array.array` of machine numbers (a :class:`GrowingColumn` in a copy
-appended to in large blocks), and strings are dictionary-encoded into small
+:class:`array.array` of machine numbers (a :class:`ChunkedColumn` in a copy
+appended to in blocks), and strings are dictionary-encoded into small
 tables.  A state's id is its row number, a mutation's id is its row
 number, and because a mutation is only ever recorded towards a state created
 after its source, state ids are a topological order of the graph.
@@ -33,7 +33,7 @@ from crux_dask.model import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["NO_CODE", "NO_THREAD", "GrowingColumn", "PAGStore", "StringTable", "Strings"]
+__all__ = ["NO_CODE", "NO_THREAD", "ChunkedColumn", "PAGStore", "StringTable", "Strings"]
 
 #: Sentinel for "no thread" in the integer thread column.
 NO_THREAD = -1
@@ -46,8 +46,11 @@ _KIND_NAMES = np.array([k.name for k in MutationKind], dtype=object)
 STRINGS_CHUNK = 1 << 14
 _SHIFT = STRINGS_CHUNK.bit_length() - 1
 _MASK = STRINGS_CHUNK - 1
-#: The room, in rows, a :class:`GrowingColumn` with no stagger starts with.
-GROWING_FROM = 1 << 12
+#: Rows per chunk of a :class:`ChunkedColumn` (a power of two): half a megabyte of
+#: 8-byte numbers, under the 4 MiB from which numpy asks for huge pages.
+COLUMN_CHUNK = 1 << 16
+_COLUMN_SHIFT = COLUMN_CHUNK.bit_length() - 1
+_COLUMN_MASK = COLUMN_CHUNK - 1
 
 
 class Strings:
@@ -164,82 +167,123 @@ def _gather(chunks: list[np.ndarray], frozen: int, newest: list[str], start: int
     return out
 
 
-class GrowingColumn:
-    """A column of machine numbers that doubles its room, at a length of its own.
+class ChunkedColumn:
+    """A column of machine numbers kept in chunks: appending never moves what is there.
 
-    An :class:`array.array` that is full grows by about a sixteenth, copying
-    itself, and the state columns of a store all have the same length: at a
-    million states, all seventeen copy themselves in the same append, for
-    about 17 ms.  This column doubles its room instead, from
-    ``GROWING_FROM * 2 ** stagger`` rows: columns given staggers spread
-    over 0 to 1 double at lengths of their own, so that an append copies at
-    most about one column.
+    An :class:`array.array` that is full grows by about a sixteenth and
+    copies itself, and the state columns of a store all have the same
+    length: at a million states, all seventeen copy themselves in the same
+    append, 10-24 ms.  A column that doubles its room instead still copies
+    itself into fresh memory, and the first touch of fresh memory is what
+    costs: numpy asks the kernel for huge pages from 4 MiB on, and a first
+    touch of one took up to 15 ms in a scheduler's process.  Here the rows
+    go into chunks of :data:`COLUMN_CHUNK` rows, under that size, allocated
+    as they fill: an append touches only the memory of its own rows.
 
-    Reads like an array of its type: ``len``, by index or slice (numpy
-    values), :meth:`tobytes`, and ``np.asarray``: a read-only view of the rows
-    so far, which later appends leave alone.  Safe to read from a thread up
-    to the length it had: the room and the length change in one assignment.
+    Reads like an array of its type: ``len``, by index (a Python number) or
+    slice (numpy), :meth:`tobytes`, ``np.asarray`` (a copy unless one chunk
+    holds every row) and :meth:`take`.  Safe to read from a thread up to the
+    length it had: the chunks and the length change in one assignment, and
+    an append writes only past the length.
 
     Parameters
     ----------
     typecode : str
         The :mod:`array` type code of the numbers.
-    stagger : float
-        Where, from 0 to 1, between two doublings of another column this one
-        doubles.
     """
 
     __slots__ = ("_state", "typecode")
 
-    def __init__(self, typecode: str, stagger: float = 0.0) -> None:
+    def __init__(self, typecode: str) -> None:
         self.typecode = typecode
-        # (the room, the rows in it)
-        self._state = (np.empty(round(GROWING_FROM * 2 ** stagger), typecode), 0)
+        self._state: tuple[tuple[np.ndarray, ...], int] = ((), 0)  # (chunks, rows)
 
     def __len__(self) -> int:
         return self._state[1]
 
     @property
-    def capacity(self) -> int:
-        """Rows the column holds before it must grow."""
-        return len(self._state[0])
+    def chunks(self) -> tuple[np.ndarray, ...]:
+        """The chunks, each of :data:`COLUMN_CHUNK` rows, the last filled up to the length."""
+        return self._state[0]
 
     def frombytes(self, data: Any) -> None:
         """Append the numbers in ``data`` (a bytes-like object of this type's numbers)."""
         rows = np.frombuffer(data, self.typecode)
-        room, length = self._state
-        end = length + len(rows)
-        if end > len(room):
-            size = len(room)
-            while size < end:
-                size *= 2
-            grown = np.empty(size, self.typecode)
-            grown[:length] = room[:length]
-            room = grown
-        room[length:end] = rows
-        self._state = (room, end)
+        chunks, length = self._state
+        added: list[np.ndarray] = []
+        last = chunks[-1] if chunks else None
+        done = 0
+        while done < len(rows):
+            offset = (length + done) & _COLUMN_MASK
+            if offset == 0:
+                last = np.empty(COLUMN_CHUNK, self.typecode)
+                added.append(last)
+            take = min(len(rows) - done, COLUMN_CHUNK - offset)
+            last[offset:offset + take] = rows[done:done + take]
+            done += take
+        self._state = (chunks + tuple(added), length + len(rows))
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start`` to ``stop`` (``0 <= start <= stop <= len``): a view of one chunk,
+        or a copy of those they span."""
+        chunks = self._state[0]
+        if start == stop:
+            return np.empty(0, self.typecode)
+        first, last = start >> _COLUMN_SHIFT, (stop - 1) >> _COLUMN_SHIFT
+        lo, hi = start & _COLUMN_MASK, ((stop - 1) & _COLUMN_MASK) + 1
+        if first == last:
+            return chunks[first][lo:hi]
+        return np.concatenate([chunks[first][lo:], *chunks[first + 1:last], chunks[last][:hi]])
 
     def __getitem__(self, index: Any) -> Any:
-        return np.asarray(self)[index]
+        length = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(length)
+            if step != 1:
+                return self._rows(0, length)[index]
+            return self._rows(start, max(start, stop))
+        if index < 0:
+            index += length
+        if not 0 <= index < length:
+            raise IndexError("column index out of range")
+        return self._state[0][index >> _COLUMN_SHIFT][index & _COLUMN_MASK].item()
+
+    def take(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """A new array of every row, or of rows ``ids`` in that order."""
+        length = len(self)
+        if ids is None or len(ids) * 8 > length:  # most of the column: all of it, once
+            rows = self._rows(0, length)
+            return rows.copy() if ids is None else rows[ids]
+        ids = np.asarray(ids, np.int64)
+        ids = np.where(ids < 0, ids + length, ids)
+        if len(ids) and (ids.min() < 0 or ids.max() >= length):
+            raise IndexError("column index out of range")
+        out = np.empty(len(ids), self.typecode)
+        which = ids >> _COLUMN_SHIFT
+        for chunk in np.unique(which).tolist():
+            mine = which == chunk
+            out[mine] = self._state[0][chunk][ids[mine] & _COLUMN_MASK]
+        return out
 
     def tobytes(self) -> bytes:
-        return np.asarray(self).tobytes()
+        return self._rows(0, len(self)).tobytes()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        room, length = self._state
-        view = room[:length]
-        view.flags.writeable = False
-        return view if dtype is None and not copy else np.array(view, dtype)
+        rows = self._rows(0, len(self))
+        if len(self._state[0]) == 1:  # a view of the chunk: read only
+            rows = rows.view()
+            rows.flags.writeable = False
+        return rows if dtype is None and not copy else np.array(rows, dtype)
 
     def __sizeof__(self) -> int:
-        return object.__sizeof__(self) + self._state[0].nbytes
+        return object.__sizeof__(self) + sum(chunk.nbytes for chunk in self._state[0])
 
     def __repr__(self) -> str:
-        return f"GrowingColumn({self.typecode!r}, {len(self)} rows)"
+        return f"ChunkedColumn({self.typecode!r}, {len(self)} rows)"
 
 
 #: What a store's columns are.
-_COLUMNS = (array, GrowingColumn)
+_COLUMNS = (array, ChunkedColumn)
 
 
 class StringTable:
@@ -469,13 +513,13 @@ class PAGStore:
         return store
 
     @classmethod
-    def growing(cls, run_id: str) -> PAGStore:
-        """An empty store of :class:`GrowingColumn`, each doubling at a length of its own:
-        for a copy of a graph appended to in blocks, on an event loop."""
+    def chunked(cls, run_id: str) -> PAGStore:
+        """An empty store of :class:`ChunkedColumn`: for a copy of a graph appended to in
+        blocks, on an event loop."""
         store = cls(run_id)
-        names = [name for name, value in vars(store).items() if isinstance(value, array)]
-        for i, name in enumerate(names):
-            setattr(store, name, GrowingColumn(getattr(store, name).typecode, i / len(names)))
+        for name, value in list(vars(store).items()):
+            if isinstance(value, array):
+                setattr(store, name, ChunkedColumn(value.typecode))
         return store
 
     def add_key(self, key: str, label: int, origin: int) -> int:
@@ -498,8 +542,11 @@ class PAGStore:
 
         With ``ids``, only those rows, in that order.
         """
-        view = np.asarray(getattr(self, name))
-        # Copy at once: a live view would stop an array.array from growing.
+        values = getattr(self, name)
+        if isinstance(values, ChunkedColumn):
+            return values.take(ids)
+        view = np.asarray(values)
+        # Copy at once: a live view would stop the array from growing.
         return view.copy() if ids is None else view[ids]
 
     # -- snapshots -----------------------------------------------------------

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.plugins.ingest import GRAPH, Recorder
-from crux_dask.store import GrowingColumn, PAGStore, StringTable
+from crux_dask.store import ChunkedColumn, PAGStore, StringTable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -105,7 +105,7 @@ class GraphMirror:
     """
 
     def __init__(self, run_id: str) -> None:
-        self.store = PAGStore.growing(run_id)
+        self.store = PAGStore.chunked(run_id)
         self.end = -1
         self.n_applied = self.n_parked = self.n_parked_total = self.n_fallbacks = 0
         self.n_lost = 0
@@ -121,10 +121,10 @@ class GraphMirror:
         """
         store = self.store
         if run_id != store.run_id:
-            store = self.store = PAGStore.growing(run_id)
+            store = self.store = PAGStore.chunked(run_id)
         for name, part in rows.items():
             column = getattr(store, name)
-            if isinstance(column, GrowingColumn):
+            if isinstance(column, ChunkedColumn):
                 column.frombytes(part)
             else:
                 _extend_table(column, *part)

@@ -191,10 +191,11 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
         assert store.states_frame(every).equals(written.states_frame(every))
 
 
-def test_the_scheduler_copy_grows_a_column_at_a_time():
+def test_the_scheduler_copy_never_moves_what_it_holds():
     """The copy of the graph the scheduler keeps is appended to in blocks of the
-    process's columns: an append copies at most a couple of columns, never all at once,
-    and the copy reads as what was sent."""
+    process's columns: an append writes its own rows and moves nothing (an array.array
+    copies every state column at once when they fill), and the copy reads as what was
+    sent."""
     mirror = GraphMirror("run")
     names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
     typecodes = {name: getattr(PAGStore("run"), name).typecode for name in names}
@@ -202,29 +203,32 @@ def test_the_scheduler_copy_grows_a_column_at_a_time():
     sent: dict[str, list[np.ndarray]] = {name: [] for name in names}
     summary = {"end": -1, "n_applied": 0, "n_parked": 0, "n_parked_total": 0,
                "n_fallbacks": 0, "n_lost": 0}
-    block = SHIP_STATES
-    grown_together, grown_together_oracle = [], []
+    grown_together_oracle = []
     for message in range(160):
-        rows = {name: (np.arange(block) + message * block).astype(typecodes[name])
+        rows = {name: (np.arange(SHIP_STATES) + message * SHIP_STATES).astype(typecodes[name])
                 for name in names}
-        before = {name: getattr(mirror.store, name).capacity for name in names}
+        before = {name: getattr(mirror.store, name).chunks for name in names}
         before_oracle = {name: sys.getsizeof(oracle[name]) for name in names}
         mirror.extend("run", {name: values.tobytes() for name, values in rows.items()}, summary)
         for name, values in rows.items():
             sent[name].append(values)
             oracle[name].frombytes(values.tobytes())
-        if message * block >= 1 << 18:  # blocks are now short of a stagger's spacing
-            grown_together.append(sum(getattr(mirror.store, name).capacity != before[name]
-                                      for name in names))
-            grown_together_oracle.append(sum(sys.getsizeof(oracle[name]) != before_oracle[name]
-                                             for name in names))
-    assert max(grown_together) <= 2
+            chunks = getattr(mirror.store, name).chunks
+            assert all(now is then for now, then in zip(chunks, before[name], strict=False))
+            assert len(chunks) - len(before[name]) <= 1
+        grown_together_oracle.append(sum(sys.getsizeof(oracle[name]) != before_oracle[name]
+                                         for name in names))
     assert max(grown_together_oracle) == len(names)  # what the copy used to do
     store = mirror.store
-    assert store.n_states == 160 * block
+    n = 160 * SHIP_STATES
+    assert store.n_states == n and len(store.state_time.chunks) > 2
     for name in names:
         assert np.array_equal(store.column(name), np.concatenate(sent[name]))
-    ids = np.array([5, 160 * block - 1, 70_000])
-    assert np.array_equal(store.column("state_time", ids), np.concatenate(sent["state_time"])[ids])
+    times = np.concatenate(sent["state_time"])
+    for ids in (np.array([5, n - 1, 70_000, -1]), np.arange(0, n, 3)):
+        assert np.array_equal(store.column("state_time", ids), times[ids])
+    assert store.state_pred[n - 1] == n - 1 and store.state_time[-2] == n - 2
+    assert np.array_equal(store.state_size[60_000:140_000], np.arange(60_000, 140_000))
     copied = PAGStore.from_pieces(store.to_pieces())
     assert np.array_equal(copied.column("mutation_busy"), store.column("mutation_busy"))
+    assert np.array_equal(store.copy().column("cause_kind"), store.column("cause_kind"))

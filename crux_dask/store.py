@@ -202,6 +202,11 @@ class ChunkedColumn:
         return self._state[1]
 
     @property
+    def itemsize(self) -> int:
+        """Bytes per number."""
+        return np.dtype(self.typecode).itemsize
+
+    @property
     def chunks(self) -> tuple[np.ndarray, ...]:
         """The chunks, each of :data:`COLUMN_CHUNK` rows, the last filled up to the length."""
         return self._state[0]
@@ -464,7 +469,7 @@ class PAGStore:
 
     def to_pieces(self, upto: dict[str, int] | None = None) -> list[bytes]:
         """The store up to ``upto`` (:meth:`lengths`, default: all of it) as pickled pieces
-        of at most a few megabytes each (:meth:`from_pieces`).
+        of about :data:`PIECE_BYTES` each (:meth:`from_pieces`).
 
         Read as :meth:`copy` reads it: a thread can cut the store while events
         go on being applied, and a server can send it a piece per message.
@@ -486,13 +491,17 @@ class PAGStore:
 
     def _parts(self, upto: dict[str, int] | None) -> Iterator[tuple[str, array | list[str]]]:
         """``(name, rows)``: every column and string table up to ``upto``, in slices of
-        :data:`_CHUNK` rows, each taken in one short call."""
+        about :data:`PIECE_BYTES` bytes, each taken in one short call."""
         upto = self.lengths() if upto is None else upto
         for name, value in vars(self).items():
-            if isinstance(value, (*_COLUMNS, StringTable)):
-                rows = value.values if isinstance(value, StringTable) else value
-                for start in range(0, upto[name], _CHUNK):
-                    yield name, rows[start:min(start + _CHUNK, upto[name])]
+            if isinstance(value, StringTable):
+                rows, step = value.values, _strings_per_piece(value.values)
+            elif isinstance(value, _COLUMNS):
+                rows, step = value, max(1, PIECE_BYTES // value.itemsize)
+            else:
+                continue
+            for start in range(0, upto[name], step):
+                yield name, rows[start:min(start + step, upto[name])]
 
     @classmethod
     def from_pieces(cls, pieces: list[bytes]) -> PAGStore:
@@ -635,8 +644,19 @@ class PAGStore:
 
 _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 
-#: Rows or strings per piece of :meth:`PAGStore.to_pieces`.
-_CHUNK = 250_000
+#: About how many bytes a piece of :meth:`PAGStore.to_pieces` holds.  Whoever receives
+#: a piece unpickles it in one call, holding the interpreter, and the first touch of
+#: the memory it fills costs more than the copy: 10 MB of keys at once held a
+#: scheduler's event loop about 10 ms.
+PIECE_BYTES = 1 << 20
+
+
+def _strings_per_piece(values: Strings) -> int:
+    """How many strings of ``values`` make about :data:`PIECE_BYTES` (from a sample of
+    about a thousand)."""
+    sample = values[::max(1, len(values) // 1024)]
+    mean = sum(map(len, sample)) / len(sample) if sample else 1.0
+    return max(1, int(PIECE_BYTES / max(mean, 1.0)))
 
 
 def _join(keys: list[str]) -> str | list[str]:

@@ -352,7 +352,7 @@ def test_a_copy_or_the_pieces_up_to_some_lengths_are_the_graph_as_it_was_then(mo
     from crux_dask import store as store_module
     from crux_dask.store import PAGStore
 
-    monkeypatch.setattr(store_module, "_CHUNK", 64)  # pieces of 64 rows: many of them
+    monkeypatch.setattr(store_module, "PIECE_BYTES", 512)  # pieces of 64 to 512 rows: many
 
     b = PAGBuilder()
     b.root(0.0)
@@ -366,4 +366,7 @@ def test_a_copy_or_the_pieces_up_to_some_lengths_are_the_graph_as_it_was_then(mo
         b.compute(f"t-{i}", "tcp://w:3", 1, i, i + 0.5, 8, (f"t-{i - 1}",))
     assert _columns_of(b.store.copy(upto)) == then
     assert _columns_of(PAGStore.from_pieces(b.store.to_pieces(upto))) == then
-    assert _columns_of(PAGStore.from_pieces(b.store.to_pieces())) == _columns_of(b.store)
+    pieces = b.store.to_pieces()
+    assert _columns_of(PAGStore.from_pieces(pieces)) == _columns_of(b.store)
+    # Of about the bytes asked for (keys of 5 characters here; pickling adds its own).
+    assert max(map(len, pieces[1:])) < 2 * 512

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
+import threading
 from array import array
 
 import dask
@@ -19,7 +23,7 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
-from crux_dask.plugins.graph_process import SHIP_STATES, GraphMirror, GraphProcess
+from crux_dask.plugins.graph_process import SHIP_STATES, Frames, GraphMirror, GraphProcess
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
 
@@ -232,3 +236,33 @@ def test_the_scheduler_copy_never_moves_what_it_holds():
     copied = PAGStore.from_pieces(store.to_pieces())
     assert np.array_equal(copied.column("mutation_busy"), store.column("mutation_busy"))
     assert np.array_equal(store.copy().column("cause_kind"), store.column("cause_kind"))
+
+
+def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
+    """The scheduler reads the process's pipe on its event loop as bytes come: the
+    messages a real Connection sent come back whole, whatever the reads cut."""
+    reading, writing = multiprocessing.Pipe(duplex=False)
+    sent = [("rows", "run", {"state_time": bytes(100_000)}, {"end": 3}), ("piece", 3, b"y"),
+            ("answer", 1, [1.5, "x"], None), ("closed",)]
+
+    def send_all() -> None:
+        for message in sent:
+            writing.send(message)
+        writing.close()
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    data = bytearray()
+    while chunk := os.read(reading.fileno(), 1 << 16):
+        data += chunk
+    sender.join()
+    reading.close()
+    for cut in (1, 4, 999, len(data)):
+        frames = Frames()
+        received = []
+        for start in range(0, len(data), cut):
+            received += frames.feed(bytes(data[start:start + cut]))
+        assert received == sent
+    # More than 2 GiB is told by a length of -1 and 8 bytes: the same message here.
+    body = pickle.dumps(sent[1])
+    assert Frames().feed(struct.pack("!i", -1) + struct.pack("!Q", len(body)) + body) == [sent[1]]

@@ -146,11 +146,13 @@ class Frames:
     read from its pipe as they come.
 
     Each message is its pickle's length (4 bytes, big-endian; ``-1`` and 8 bytes
-    for more than 2 GiB) and the pickle, as ``Connection.send`` writes them.
+    for more than 2 GiB) and the pickle, as ``Connection.send`` writes them.  A
+    message that cannot be unpickled is skipped and counted in :attr:`undecodable`.
     """
 
     def __init__(self) -> None:
         self._pending = bytearray()
+        self.undecodable = 0
 
     def feed(self, data: bytes) -> list[Any]:
         """Take ``data``; the messages it completed, in order."""
@@ -165,8 +167,13 @@ class Frames:
                 (size,), head = struct.unpack_from("!Q", pending, start + 4), 12
             if len(pending) - start - head < size:
                 break
-            with memoryview(pending) as view:
-                messages.append(pickle.loads(view[start + head:start + head + size]))
+            with memoryview(pending) as view, view[start + head:start + head + size] as body:
+                try:
+                    messages.append(pickle.loads(body))
+                except Exception as error:
+                    self.undecodable += 1
+                    logger.error("Crux could not read a message of its graph process: %r",
+                                 error)
             start += head + size
         del pending[:start]
         return messages
@@ -428,7 +435,10 @@ class GraphProcess(Recorder):
         except OSError:
             data = b""
         for message in self._frames.feed(data):
-            self._on_message(message)
+            try:
+                self._on_message(message)
+            except Exception:  # the next messages are still read
+                logger.exception("Crux could not take a message of its graph process")
         if not data and self._inbox is not None:  # gone without saying it closed
             self._stop_listening()
             self._lost("it exited")

@@ -266,3 +266,9 @@ def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
     # More than 2 GiB is told by a length of -1 and 8 bytes: the same message here.
     body = pickle.dumps(sent[1])
     assert Frames().feed(struct.pack("!i", -1) + struct.pack("!Q", len(body)) + body) == [sent[1]]
+    # A message that cannot be read is counted and skipped; the next one still comes.
+    frames = Frames()
+    garbage = b"not a pickle"
+    assert frames.feed(struct.pack("!i", len(garbage)) + garbage + struct.pack("!i", len(body))
+                       + body) == [sent[1]]
+    assert frames.undecodable == 1

@@ -383,7 +383,7 @@ class GraphProcess(Recorder):
                 message = self._outgoing.popleft()
             try:
                 connection.send(message)
-            except (OSError, ValueError):  # the process is gone: the reader says so
+            except (OSError, ValueError):  # the process is gone: reading its pipe says so
                 return
             if message[0] == "close":
                 return

@@ -282,12 +282,14 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
         assert table.source.data["saved"] == pytest.approx(expected["saved"].tolist())
         assert "left" in table.source.data["path_then"][0]  # the slow task stays on the path
         assert "unchanged replay" in table.note.text
-        future = c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
-        await async_poll_for(lambda: s.plugins["crux"].builder.store.n_states > graph[1], 10)
+        # Another computation: its states come after every state the table saw (waiting
+        # for any new state could find one of the first computation's, arrived late).
+        await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
+        await crux_dask.flush(c)
+        assert "later" in s.plugins["crux"].builder.store.keys.values.tolist()
         before = table.source.data
         table.update()  # the graph changed: not replayed until it is quiet again
         assert table._running is None and table.source.data is before
-        await future
         del result
 
     run()

@@ -309,6 +309,11 @@ class GraphProcess(Recorder):
             self.counts["events_dropped"] += self.pending
         self.pending = 0
 
+    @property
+    def messages_unreadable(self) -> int:
+        """Messages of the process that could not be unpickled (skipped, see :class:`Frames`)."""
+        return self._frames.undecodable
+
     # -- asking the process ---------------------------------------------------------
     async def drain(self) -> None:
         """Wait until every entry recorded before the call is applied and sent back,

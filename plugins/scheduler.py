@@ -417,7 +417,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "tasks_at_attach": self.tasks_at_attach,
             "last_error": ingest.last_error,
             "graph_process": {"pid": ingest.remote["pid"], "alive": ingest.alive,
-                              "cpu_seconds": ingest.remote["cpu_seconds"]} if remote else None,
+                              "cpu_seconds": ingest.remote["cpu_seconds"],
+                              "messages_unreadable": ingest.messages_unreadable}
+            if remote else None,
         }
 
 

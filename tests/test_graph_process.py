@@ -88,6 +88,7 @@ def test_the_graph_process_builds_the_graph_the_scheduler_would():
     here, here_stats = recorded(graph_process=False)
     assert stats["graph_process"]["alive"] and here_stats["graph_process"] is None
     assert stats["graph_process"]["cpu_seconds"] > 0
+    assert stats["graph_process"]["messages_unreadable"] == 0
     assert stats["events_applied"] == stats["events_received"] > 30
     assert shape(elsewhere) == shape(here)
 

@@ -28,6 +28,7 @@ from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import (
+    GraphView,
     OffLoop,
     PathSelection,
     RunChoice,
@@ -45,6 +46,7 @@ from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.suggestions import SuggestionTable
 from crux_dask.dashboard.timeline import WCPTimeline
+from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.scopes import Scope
 from crux_dask.wcp import METHODS
 
@@ -249,9 +251,13 @@ class SelectionCheck(DashboardComponent):
 
     def propose(self, chosen: PathSelection, message: Div) -> None:
         """Check ``chosen``; ``message`` says what becomes of it."""
-        frozen = self.data().frozen()
-        self._pending = (chosen, message,
-                         in_thread(lambda: frozen().with_selection(chosen).wcp()))
+        view = self.data()
+        if view.analyse is not None:  # where the graph is built
+            check: Any = asyncio.ensure_future(view.analyse(find_path, chosen))
+        else:
+            frozen = view.frozen()
+            check = in_thread(lambda: frozen().with_selection(chosen).wcp())
+        self._pending = (chosen, message, check)
         message.text = "finding that path&hellip;"
 
     def busy(self) -> bool:
@@ -274,6 +280,11 @@ class SelectionCheck(DashboardComponent):
         vars(self.selection).update(vars(chosen))
         for component in self.components:
             component.update()
+
+
+def find_path(store: Any, end: int, chosen: PathSelection) -> None:
+    """Find the path ``chosen`` names in ``store`` (``ValueError`` if there is none)."""
+    GraphView(store, end, chosen).wcp()
 
 
 class ScopeSelector(DashboardComponent):
@@ -382,19 +393,50 @@ def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
     return show
 
 
+def page_makers(host: Any, extra: dict) -> dict[str, Callable[[], Callable[[Document], None]]]:
+    """Route -> what makes that page (see :class:`MadeOffLoop`), reading ``host``'s graph.
+
+    ``host`` is what the pages read: the scheduler plugin, or, in the graph's
+    own process, :class:`~crux_dask.dashboard.apart.ProcessHost`.  ``extra``
+    are the dashboard template's variables.
+    """
+    data = live_source(host)
+    pages = {"/crux": functools.partial(crux_page, data, Runs(host), extra)}
+    pages.update({route: functools.partial(individual_page, cls, data)
+                  for route, cls in INDIVIDUAL.items()})
+    return pages
+
+
+def pages_application(host: Any, extra: dict, settings: dict) -> BokehTornado:
+    """The Bokeh application of the Crux pages, made as distributed makes its own.
+
+    ``settings``: ``prefix``, ``origins`` (the websocket origins allowed) and
+    ``bokeh`` (distributed's ``bokeh-application`` settings, without them).
+    """
+    return DaskBokehTornado({route: Application(MadeOffLoop(make))
+                             for route, make in page_makers(host, extra).items()},
+                            prefix=settings["prefix"], use_index=False,
+                            extra_websocket_origins=settings["origins"], absolute_url="",
+                            **settings["bokeh"])
+
+
 def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none.
 
-    Served as distributed serves its own (``BokehApplication``), under the
-    same prefix and with the same settings, by pages of their own kind
-    (:class:`MadeOffLoop`).
+    Under the same prefix and with the same settings as distributed's own
+    pages.  If the graph is built in a process of its own, that process
+    serves them and the scheduler relays them (see :mod:`.relay`): making,
+    encoding and collecting a page's Bokeh document, tens of milliseconds
+    each, stay off the scheduler's event loop.  Else the scheduler serves
+    them itself, by pages of their own kind (:class:`MadeOffLoop`).
     """
     application = getattr(scheduler, "http_application", None)
     existing = [app for app in getattr(application, "applications", [])
                 if isinstance(app, BokehTornado)]
     if not existing:
         return False
-    if any("/crux" in app.app_paths for app in existing):
+    if any("/crux" in app.app_paths for app in existing) or getattr(
+            application, "crux_relayed", False):
         return True  # installed already (the plugin was registered again)
     variables = template_variables(scheduler)
     if "crux" not in variables["pages"]:
@@ -406,20 +448,19 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     prefix = existing[0].prefix
     prefix = "/" + prefix.strip("/") + "/" if prefix else "/"
     extra = {"prefix": prefix, **variables}
-    data = live_source(plugin)
-    pages = {"/crux": functools.partial(crux_page, data, Runs(plugin), extra)}
-    pages.update({route: functools.partial(individual_page, cls, data)
-                  for route, cls in INDIVIDUAL.items()})
-    settings = dask.config.get("distributed.scheduler.dashboard.bokeh-application").copy()
-    origins = create_hosts_allowlist(settings.pop("allow_websocket_origin"),
+    bokeh = dask.config.get("distributed.scheduler.dashboard.bokeh-application").copy()
+    origins = create_hosts_allowlist(bokeh.pop("allow_websocket_origin"),
                                      scheduler.http_server.port)
-    app = DaskBokehTornado({route: Application(MadeOffLoop(make))
-                            for route, make in pages.items()},
-                           prefix=prefix, use_index=False, extra_websocket_origins=origins,
-                           absolute_url="", **settings)
-    application.add_application(app)
-    app.initialize(IOLoop.current())
-    app.start()
+    settings = {"prefix": prefix, "origins": origins, "bokeh": bokeh}
+    if isinstance(plugin.ingest, GraphProcess):
+        from crux_dask.dashboard.relay import install_relay
+
+        install_relay(scheduler, plugin, ["/crux", *INDIVIDUAL], {**settings, "extra": extra})
+    else:
+        app = pages_application(plugin, extra, settings)
+        application.add_application(app)
+        app.initialize(IOLoop.current())
+        app.start()
     list_individual_pages(application)
     return True
 

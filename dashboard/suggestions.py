@@ -58,6 +58,8 @@ def _suggestions_apart(pieces: list[bytes], end: int) -> pd.DataFrame:
     """
     from crux_dask.whatif import suggest_apart
 
+    if multiprocessing.current_process().daemon:  # the graph's own process has no children
+        return _suggestions(PAGStore.from_pieces(pieces), end)
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
     receiver, feeder = context.Pipe(duplex=False)

@@ -38,6 +38,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -233,6 +234,8 @@ class GraphProcess(Recorder):
         self._inbox: Connection | None = None  # what the process sends, read on the loop
         self._frames = Frames()
         self._started = False  # the writer, which starts the process
+        self._pages: asyncio.Future | None = None
+        self._scopes_sent: list[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -343,6 +346,20 @@ class GraphProcess(Recorder):
         applies no event meanwhile.
         """
         return await self._ask("analyse", function, args)
+
+    def pages(self, settings: dict[str, Any]) -> asyncio.Future:
+        """The port of the Bokeh server that serves the Crux pages in the process (on the
+        local interface), started at the first call with ``settings`` (see
+        :func:`crux_dask.dashboard.apart.serve_pages`)."""
+        if self._pages is None or not self.alive:  # gone: the future says so
+            self._pages = self._ask("pages", settings)
+        return self._pages
+
+    def send_scopes(self, scopes: list[Any]) -> None:
+        """Send the scheduler's computations and spans, if they changed, for the pages."""
+        if self.alive and self._started and scopes != self._scopes_sent:
+            self._scopes_sent = scopes
+            self._post(("scopes", scopes))
 
     def _ask(self, *question: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -548,15 +565,21 @@ def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> No
                     park_timeout=settings["park_timeout"], slice_events=PROCESS_SLICE,
                     slice_seconds=None)
     shipper = _Shipper(outbox, ingest)
+    pages: dict[str, Any] = {}  # what the pages read, once they are asked for
     idle_wait = settings["apply_interval"]
     try:
         while True:
             busy = bool(ingest.queue or ingest.backlog)
-            if inbox.poll(0 if busy else idle_wait):
+            host = pages.get("host")
+            ready = wait([inbox] if host is None else [inbox, host.wake],
+                         0 if busy else idle_wait)
+            if host is not None:
+                host.answer()  # what the pages asked, between two slices
+            if inbox in ready:
                 message = inbox.recv()
                 if message[0] == "close":
                     break
-                _handle(message, ingest, shipper)
+                _handle(message, ingest, shipper, pages)
                 continue
             if busy:
                 ingest.apply_slice()
@@ -575,10 +598,27 @@ def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> No
         outbox.send(("closed",))
 
 
-def _handle(message: tuple, ingest: Any, shipper: _Shipper) -> None:
+def _handle(message: tuple, ingest: Any, shipper: _Shipper, pages: dict[str, Any]) -> None:
     kind = message[0]
     if kind == "entries":
         ingest.take(message[1])
+    elif kind == "scopes":
+        if "host" in pages:
+            pages["host"].known_scopes = message[1]
+    elif kind == "pages":  # the pages' server: started once, from here
+        _, number, page_settings = message
+        try:
+            if "port" not in pages:
+                from crux_dask.dashboard.apart import ProcessHost, serve_pages
+
+                host = ProcessHost(ingest)
+                pages["port"] = serve_pages(host, page_settings)
+                pages["host"] = host
+        except Exception as error:
+            logger.exception("Crux's graph process could not serve the pages")
+            shipper.answer(number, None, RuntimeError(f"could not serve the pages: {error!r}"))
+        else:
+            shipper.answer(number, pages["port"])
     elif kind == "drain":
         while ingest.queue or ingest.backlog:
             ingest.apply_slice()

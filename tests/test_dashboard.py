@@ -86,10 +86,43 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_the_graph_process_serves_the_pages_and_the_scheduler_relays_them(c, s, a, b):
+    """With a graph process, the scheduler holds no Crux page: it passes them on.  If the
+    process dies, a page says so (503) and the JSON API still answers from the graph
+    the scheduler received."""
+    import signal
+
+    await crux_dask.attach(c)
+    await c.compute(diamond())
+    plugin = s.plugins["crux"]
+    code, page = await fetch(s, "/individual-crux-steps")
+    assert code == 200 and "Dask: Crux StepsTable" in page
+    assert not any("/individual-crux-steps" in getattr(app, "app_paths", ())
+                   for app in s.http_application.applications)
+    port = await plugin.ingest.pages({})  # the process's server, started by the first page
+    direct = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}/individual-crux-steps")
+    assert direct.code == 200 and b"Dask: Crux StepsTable" in direct.body
+    code, metadata = await fetch(s, "/individual-crux-steps/metadata")
+    assert code == 200 and json.loads(metadata)["url"] == "/individual-crux-steps"
+    code, _ = await fetch(s, "/individual-crux-nothing")
+    assert code == 404  # only the Crux pages are relayed
+
+    await crux_dask.flush(c)
+    states = plugin.builder.store.n_states
+    os.kill(plugin.ingest.remote["pid"], signal.SIGKILL)
+    await async_poll_for(lambda: not plugin.graph_apart, timeout=10)
+    code, body = await fetch(s, "/crux")
+    assert code == 503 and "graph process" in body and "crux/api/v1" in body
+    code, body = await fetch(s, "/crux/api/v1/stats")
+    assert code == 200 and json.loads(body)["states"] == states
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.graph-process": False})
 async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
     """The page's components are made off the event loop; the document gets them one
     at a time once its client says it shows the rest (here no browser says so: the
-    event BokehJS sends is triggered as the server would on its message)."""
+    event BokehJS sends is triggered as the server would on its message).  Without a
+    graph process, the scheduler serves the pages itself."""
     from bokeh.events import DocumentReady
 
     from crux_dask.dashboard import pages
@@ -669,26 +702,32 @@ def console_errors(driver) -> list[str]:
 
 
 @contextlib.contextmanager
-def watched_cluster():
-    """Headless Chromium, and a client of a cluster with Crux attached; its dashboard's URL."""
+def watched_cluster(apart: bool = True):
+    """Headless Chromium, and a client of a cluster with Crux attached; its dashboard's URL.
+
+    ``apart``: the graph, and the pages, in a process of their own (the pages
+    relayed by the scheduler), else in the scheduler's.
+    """
     from distributed import Client, LocalCluster
 
     driver = browser()
     try:
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
+        with dask.config.set({"crux-dask.graph-process": apart}), \
+                LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
+                             dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as c:
             crux_dask.attach(c)
             yield driver, c, f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
     finally:
         driver.quit()
 
 
-def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("apart", [True, False], ids=["relayed", "served"])
+def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch, apart):
     from selenium.webdriver.common.by import By
 
     from crux_dask.dashboard import pages, pieces
 
-    with watched_cluster() as (driver, c, url):
+    with watched_cluster(apart) as (driver, c, url):
         dask.compute(diamond())
         path = crux_dask.get_wcp(c)
         # The page's parts come when the browser says it shows the rest: not later.
@@ -720,7 +759,12 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch)
             return shown;""")
         keys = path.steps["key"].tolist()
         assert shown == {"crux-timeline-bars": keys, "crux-steps": keys}  # all, in order
-        assert set(streamed) == {1} and len(streamed) >= 2 * (len(path) - 1)
+        if not apart:  # what the scheduler's process did (the graph process's is apart)
+            assert set(streamed) == {1} and len(streamed) >= 2 * (len(path) - 1)
+        else:  # no page in the scheduler: the graph process served it
+            assert streamed == [] and not any(
+                "/crux" in getattr(app, "app_paths", ())
+                for app in c.cluster.scheduler.http_application.applications)
         runs = driver.execute_script("""
             for (const doc of Bokeh.documents) {
                 const select = doc.get_model_by_name('crux-run');

@@ -25,7 +25,7 @@ def install(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
         installed = False
         dashboard = _dashboard(scheduler)
         if dashboard is not None:
-            from crux_dask.dashboard.pages import install_pages
+            from crux_dask.dashboard.tab import install_pages
 
             installed = install_pages(scheduler, plugin)
         prefix = (dashboard.prefix or "/") if dashboard is not None else "/"

@@ -10,7 +10,6 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-import dask
 from bokeh.application import Application
 from bokeh.application.handlers.handler import Handler
 from bokeh.document import Document
@@ -18,13 +17,10 @@ from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, Select, TextInput
 from bokeh.server.server import BokehTornado
-from bokeh.server.util import create_hosts_allowlist
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.dashboard.core import DaskBokehTornado
-from distributed.dashboard.scheduler import template_variables
 from distributed.utils import log_errors
-from tornado.ioloop import IOLoop
 
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import (
@@ -45,8 +41,8 @@ from crux_dask.dashboard.pieces import hold_back, release
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.dashboard.suggestions import SuggestionTable
+from crux_dask.dashboard.tab import INDIVIDUAL_PAGES
 from crux_dask.dashboard.timeline import WCPTimeline
-from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.scopes import Scope
 from crux_dask.wcp import METHODS
 
@@ -54,14 +50,8 @@ if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 
 #: Individual pages: route -> component class.
-INDIVIDUAL = {
-    "/individual-crux-timeline": WCPTimeline,
-    "/individual-crux-breakdown": Breakdown,
-    "/individual-crux-steps": StepsTable,
-    "/individual-crux-prefixes": PrefixTable,
-    "/individual-crux-overview": PAGOverview,
-    "/individual-crux-suggestions": SuggestionTable,
-}
+INDIVIDUAL = dict(zip(INDIVIDUAL_PAGES, (WCPTimeline, Breakdown, StepsTable, PrefixTable,
+                                         PAGOverview, SuggestionTable), strict=True))
 UPDATE_INTERVAL = 500  # milliseconds
 CHECK_INTERVAL = 100  # milliseconds: how soon a path chosen on the page is shown
 STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages
@@ -418,76 +408,3 @@ def pages_application(host: Any, extra: dict, settings: dict) -> BokehTornado:
                             prefix=settings["prefix"], use_index=False,
                             extra_websocket_origins=settings["origins"], absolute_url="",
                             **settings["bokeh"])
-
-
-def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
-    """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none.
-
-    Under the same prefix and with the same settings as distributed's own
-    pages.  If the graph is built in a process of its own, that process
-    serves them and the scheduler relays them (see :mod:`.relay`): making,
-    encoding and collecting a page's Bokeh document, tens of milliseconds
-    each, stay off the scheduler's event loop.  Else the scheduler serves
-    them itself, by pages of their own kind (:class:`MadeOffLoop`).
-    """
-    application = getattr(scheduler, "http_application", None)
-    existing = [app for app in getattr(application, "applications", [])
-                if isinstance(app, BokehTornado)]
-    if not existing:
-        return False
-    if any("/crux" in app.app_paths for app in existing) or getattr(
-            application, "crux_relayed", False):
-        return True  # installed already (the plugin was registered again)
-    variables = template_variables(scheduler)
-    if "crux" not in variables["pages"]:
-        variables["pages"].append("crux")
-        variables["plots"].extend(
-            {"url": route.strip("/"), "name": " ".join(route.strip("/").split("-")[1:]).title()}
-            for route in INDIVIDUAL)
-        variables["plots"].sort(key=lambda plot: plot["name"])
-    prefix = existing[0].prefix
-    prefix = "/" + prefix.strip("/") + "/" if prefix else "/"
-    extra = {"prefix": prefix, **variables}
-    bokeh = dask.config.get("distributed.scheduler.dashboard.bokeh-application").copy()
-    origins = create_hosts_allowlist(bokeh.pop("allow_websocket_origin"),
-                                     scheduler.http_server.port)
-    settings = {"prefix": prefix, "origins": origins, "bokeh": bokeh}
-    if isinstance(plugin.ingest, GraphProcess):
-        from crux_dask.dashboard.relay import install_relay
-
-        install_relay(scheduler, plugin, ["/crux", *INDIVIDUAL], {**settings, "extra": extra})
-    else:
-        app = pages_application(plugin, extra, settings)
-        application.add_application(app)
-        app.initialize(IOLoop.current())
-        app.start()
-    list_individual_pages(application)
-    return True
-
-
-def list_individual_pages(application: Any) -> bool:
-    """List the individual Crux pages in ``/individual-plots.json`` too.
-
-    That listing, which JupyterLab's Dask extension reads, only looks at
-    distributed's own Bokeh application; its handler is swapped for one that
-    adds ours.  Returns ``False`` if the route is not there.
-    """
-    from distributed.http.scheduler.info import IndividualPlots
-
-    class IndividualPlotsWithCrux(IndividualPlots):
-        def write(self, chunk: Any) -> None:
-            if isinstance(chunk, dict):
-                chunk = {**chunk, **{route.strip("/").replace("-", " ").title(): route
-                                     for route in INDIVIDUAL}}
-            super().write(chunk)
-
-    found = False
-    routers = [application.default_router, application.wildcard_router]
-    while routers:
-        for rule in routers.pop().rules:
-            if isinstance(rule.target, type) and issubclass(rule.target, IndividualPlots):
-                rule.target = IndividualPlotsWithCrux
-                found = True
-            elif hasattr(rule.target, "rules"):
-                routers.append(rule.target)
-    return found

@@ -11,6 +11,7 @@ computations and spans, is sent to the process while a page is open.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -138,8 +139,9 @@ class WebSocketRelay(tornado.websocket.WebSocketHandler):
     def _back(self, message: str | bytes | None) -> None:
         if message is None:  # the process closed it
             self.close()
-        elif self.ws_connection is not None:
-            self.write_message(message, binary=isinstance(message, bytes))
+        else:
+            with contextlib.suppress(tornado.websocket.WebSocketClosedError):
+                self.write_message(message, binary=isinstance(message, bytes))
 
     def on_close(self) -> None:
         if self.counted:

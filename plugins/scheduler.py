@@ -167,6 +167,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             callback.stop()
         if self.scheduler is not None:
             self.scheduler.periodic_callbacks.pop("crux-apply", None)
+            scopes = self.scheduler.periodic_callbacks.pop("crux-scopes", None)  # the relay's
+            if scopes is not None:
+                scopes.stop()
         if isinstance(getattr(self, "ingest", None), GraphProcess):
             await self.ingest.close()
         if getattr(self, "spool", None) is not None:

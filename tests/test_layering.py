@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -61,13 +62,15 @@ def test_a_scheduler_loads_pandas_only_for_what_needs_it():
         "            await s.plugins['crux'].ingest.drain()\n"
         "            assert s.plugins['crux'].stats()['states'] > 21  # the tasks' states\n"
         "asyncio.run(main())")
-    assert "crux_dask.dashboard.pages" in modules  # the Crux tab is installed
+    assert "crux_dask.dashboard.relay" in modules  # the Crux tab is installed, relayed:
+    assert "crux_dask.dashboard.pages" not in modules  # the graph process has the pages
     assert [name for name in ("pandas", "pyarrow") if name in modules] == []
 
 
 def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
     """A function a client runs on the scheduler is imported there, on its event loop:
-    flushing, stats, the graph and its path leave pandas out of a scheduler process."""
+    flushing, stats, the graph and its path leave pandas out of a scheduler process.  So
+    do the Crux pages, which its graph process serves."""
     import dask
     from distributed import Client
 
@@ -96,7 +99,12 @@ def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
                 assert crux_dask.get_stats(client)["states"] > 6
                 assert len(crux_dask.get_pag(client).states) > 6
                 assert len(crux_dask.get_wcp(client)) >= 2
+                dashboard = client.dashboard_link.rsplit("/", 1)[0]
+                for page in ("/crux", "/individual-crux-suggestions"):
+                    with urllib.request.urlopen(dashboard + page, timeout=60) as answer:
+                        assert answer.status == 200
                 assert not client.run_on_scheduler(loaded, "pandas")
+                assert not client.run_on_scheduler(loaded, "crux_dask.dashboard.pages")
         finally:
             for process in (worker, scheduler):
                 if process is not None:

@@ -38,6 +38,13 @@ distributed's (the warm-up page's session is discarded a quarter of a
 minute after it closed, during whichever phase runs then) is printed apart
 and not counted.
 
+For the longest stretch of each phase it also prints how long the event
+loop's thread ran in it and how long it waited for a core (the kernel's
+``schedstat`` of that thread): a stretch spent waiting for a core is the
+machine's other work (the client, the graph process, whatever else runs); the
+rest, neither running nor queued, is waiting for the interpreter's lock, held
+by another thread of the scheduler, or for a call that blocks.
+
 Target: no stretch above 10 ms because of Crux, and never distributed's
 "event loop was unresponsive" warning.
 
@@ -45,23 +52,32 @@ With ``--max-states N``, the scheduler spools its graph to disk past ``N``
 states (``crux-dask.max-states``): the export then reads the spooled segments
 back too.
 
+With ``--why``, a thread of the scheduler notes where its event loop's
+thread is every half millisecond, and the places seen most often in the
+longest stretch of each phase are printed with it, and so is the longest
+callback the loop ran in the phase (a stretch can be one callback, or
+several run in the same turn of the loop).
+
 Usage: ``python benchmarks/loop_block.py [--tasks N] [--browser] [--max-states N]
-[--graph-process false]``
+[--graph-process false] [--why]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from distributed import Client
 
@@ -101,15 +117,61 @@ def _asked_by_bokeh_discard() -> str | None:
     return "?" if asked else None
 
 
-async def start_watch(dask_scheduler) -> None:
-    """A task on the scheduler's loop that notes its longest delay past a 1 ms sleep, and
-    a timer of the interpreter's garbage collections (in any thread: one holds them all),
-    which tells apart those Bokeh asks for when it discards a closed page's session."""
+_RESET = {"longest": 0.0, "ran": 0.0, "queued": 0.0, "gc": 0.0, "discard": 0.0,
+          "discarded": "", "others": 0.0, "where": "", "callback": 0.0, "callback_of": ""}
+#: Seconds between two looks at where the event loop's thread is (``--why``).
+SAMPLE_EVERY = 0.0005
+
+
+def _sampler(loop_thread: int, samples: collections.deque) -> None:
+    """Note, every :data:`SAMPLE_EVERY` seconds, the time and the innermost frames of the
+    event loop's thread (a thread of the scheduler's process; ``--why``)."""
+    while True:
+        frame = sys._current_frames().get(loop_thread)
+        where = []
+        while frame is not None and len(where) < 4:
+            code = frame.f_code
+            where.append(f"{Path(code.co_filename).name}:{code.co_name}")
+            frame = frame.f_back
+        samples.append((time.perf_counter(), " < ".join(where)))
+        time.sleep(SAMPLE_EVERY)
+
+
+def _where(samples: collections.deque, since: float) -> str:
+    """The places the loop's thread was seen most often since ``since``, with their count."""
+    seen = collections.Counter(where for at, where in list(samples) if at >= since)
+    return "; ".join(f"{count}x {where}" for where, count in seen.most_common(3))
+
+
+def _name(callback: Any) -> str:
+    """What a callback of the loop runs: a task's coroutine, or the function."""
+    task = getattr(callback, "__self__", None)
+    coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+    named = coroutine if coroutine is not None else callback
+    return getattr(named, "__qualname__", type(named).__name__)
+
+
+def _callbacks(callbacks: collections.deque, since: float) -> str:
+    """The callbacks of over 0.2 ms run since ``since``, by name: how many, how long."""
+    seconds: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    for started, took, callback in list(callbacks):
+        if started >= since:
+            seconds[_name(callback)] += took
+            counts[_name(callback)] += 1
+    return "; ".join(f"{counts[name]}x {name} {took * 1e3:.1f} ms"
+                     for name, took in seconds.most_common(4)) or "none over 0.2 ms"
+
+
+async def start_watch(dask_scheduler, why: bool = False) -> None:
+    """A task on the scheduler's loop that notes its longest delay past a 1 ms sleep, how
+    long the loop's thread ran and waited for a core in that delay (the kernel's
+    ``schedstat`` of the thread), and a timer of the interpreter's garbage collections (in
+    any thread: one holds them all), which tells apart those Bokeh asks for when it
+    discards a closed page's session."""
     import gc
 
-    state = dask_scheduler._crux_loop_watch = {"longest": 0.0, "gc": 0.0, "discard": 0.0,
-                                               "discarded": "", "others": 0.0,
-                                               "excused": False, "stop": False}
+    state = dask_scheduler._crux_loop_watch = {**_RESET, "excused": False, "stop": False}
     started, asked = [0.0], [None]
 
     def collection(phase: str, info: dict) -> None:
@@ -125,18 +187,47 @@ async def start_watch(dask_scheduler) -> None:
                 state["excused"] = True  # the stretch it is in is distributed's page's
 
     gc.callbacks.append(collection)
+    schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def ran_and_queued() -> tuple[int, int]:
+        """Nanoseconds the loop's thread ran, and waited on a run queue, so far."""
+        ran, queued, _ = os.pread(schedstat, 128, 0).split()
+        return int(ran), int(queued)
+
+    samples: collections.deque = collections.deque(maxlen=20_000)
+    callbacks: collections.deque = collections.deque(maxlen=20_000)
+    if why:
+        threading.Thread(target=_sampler, args=(threading.get_ident(), samples),
+                         daemon=True, name="loop-sampler").start()
+        run = asyncio.events.Handle._run
+
+        def timed(handle: asyncio.Handle) -> None:  # every callback the loop runs
+            started = time.perf_counter()
+            run(handle)
+            seconds = time.perf_counter() - started
+            if seconds > 0.0002:
+                callbacks.append((started, seconds, handle._callback))
+            if seconds > state["callback"]:
+                state["callback"], state["callback_of"] = seconds, _name(handle._callback)
+
+        asyncio.events.Handle._run = timed
 
     async def watch() -> None:
-        last = time.perf_counter()
+        last, last_times = time.perf_counter(), ran_and_queued()
         while not state["stop"]:
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
+            now, times = time.perf_counter(), ran_and_queued()
+            delay = now - last - 0.001
             if state["excused"]:
                 state["excused"] = False
-                state["others"] = max(state["others"], now - last - 0.001)
-            else:
-                state["longest"] = max(state["longest"], now - last - 0.001)
-            last = now
+                state["others"] = max(state["others"], delay)
+            elif delay > state["longest"]:
+                state["longest"] = delay
+                state["ran"] = (times[0] - last_times[0]) / 1e9
+                state["queued"] = (times[1] - last_times[1]) / 1e9
+                state["where"] = (_where(samples, last) + "\n      callbacks run: "
+                                  + _callbacks(callbacks, last)) if why else ""
+            last, last_times = now, times
 
     state["task"] = asyncio.ensure_future(watch())
 
@@ -145,16 +236,15 @@ def _is_crux_page(route: str) -> bool:
     return route.rstrip("/").rsplit("/", 1)[-1].startswith(("crux", "individual-crux"))
 
 
-def longest_since_reset(dask_scheduler) -> tuple[float, float, float, str, float]:
-    """Since the last reset (and reset them): the longest delay, the longest garbage
-    collection, the longest one Bokeh asked for and the route of the page whose session it
-    discarded, and the longest delay that held a collection Bokeh asked for to discard a
-    page of distributed's (not counted in the first)."""
+def longest_since_reset(dask_scheduler) -> dict:
+    """Since the last reset (and reset them): the longest delay (``longest``), how long the
+    loop's thread ran and waited for a core in it (``ran``, ``queued``), the longest
+    garbage collection, the longest one Bokeh asked for (``discard``) and the route of the
+    page whose session it discarded, and the longest delay that held a collection Bokeh
+    asked for to discard a page of distributed's (``others``, not counted in the first)."""
     state = dask_scheduler._crux_loop_watch
-    longest = (state["longest"], state["gc"], state["discard"], state["discarded"],
-               state["others"])
-    state["longest"] = state["gc"] = state["discard"] = state["others"] = 0.0
-    state["discarded"] = ""
+    longest = {name: state[name] for name in _RESET}
+    state.update(_RESET)
     return longest
 
 
@@ -195,6 +285,11 @@ def main() -> None:
                         help="open the pages in headless Chromium (with chromedriver)")
     parser.add_argument("--max-states", type=int, default=None,
                         help="spool the graph to disk past this many states")
+    parser.add_argument("--why", action="store_true",
+                        help="sample where the event loop's thread is, every half "
+                             "millisecond, and print it for the longest stretches (the "
+                             "sampling thread holds the interpreter itself: longer "
+                             "stretches)")
     parser.add_argument("--graph-process", choices=["true", "false"], default="true",
                         help="build the graph, and serve the pages, in a process of its own")
     args = parser.parse_args()
@@ -214,7 +309,7 @@ def main() -> None:
             while not scheduler_file.exists():
                 time.sleep(0.1)
             with Client(scheduler_file=str(scheduler_file)) as client:
-                run(client, batches, n_events, args.browser)
+                run(client, batches, n_events, args.browser, args.why)
         finally:
             scheduler.terminate()
             scheduler.wait()
@@ -225,19 +320,16 @@ def main() -> None:
                 print("   ", line.strip())
 
 
-def run(client: Client, batches: list[bytes], n_events: int, browser: bool) -> None:
-    client.run_on_scheduler(start_watch)
+def run(client: Client, batches: list[bytes], n_events: int, browser: bool,
+        why: bool) -> None:
+    client.run_on_scheduler(start_watch, why=why)
     client.run_on_scheduler(longest_since_reset)
-    results: dict[str, tuple] = {}
+    results: dict[str, dict] = {}
 
-    def note(phase: str, measured: tuple, name: str) -> None:
-        results[phase] = max(results.get(phase, (0.0, 0.0, 0.0, "", 0.0)), tuple(measured))
-        whose = f" of {measured[3]}" if measured[3] else ""
-        others = (f"; a stretch holding one of distributed's pages' {measured[4] * 1e3:.1f} "
-                  "ms, not counted" if measured[4] else "")
-        print(f"  {name}: {measured[0] * 1e3:.1f} ms (longest garbage collection "
-              f"{measured[1] * 1e3:.1f} ms; asked for by Bokeh discarding a closed page's "
-              f"session {measured[2] * 1e3:.1f} ms{whose}{others})", flush=True)
+    def note(phase: str, measured: dict, name: str) -> None:
+        if measured["longest"] >= results.get(phase, {"longest": -1.0})["longest"]:
+            results[phase] = measured
+        print(f"  {name}: {describe(measured)}", flush=True)
 
     # What the loop holds with nothing asked of it (distributed's own periodic work).
     time.sleep(IDLE)
@@ -246,7 +338,7 @@ def run(client: Client, batches: list[bytes], n_events: int, browser: bool) -> N
     for batch in batches:
         client.sync(getattr(client.scheduler, EVENTS_HANDLER), batch=batch, source="benchmark")
     crux_dask.flush(client)
-    results["ingest"] = tuple(client.run_on_scheduler(longest_since_reset))
+    note("ingest", client.run_on_scheduler(longest_since_reset), "ingest")
     n_states = client.run_on_scheduler(states)
     stats = crux_dask.get_stats(client)
     if stats["segments_spooled"]:
@@ -276,14 +368,25 @@ def run(client: Client, batches: list[bytes], n_events: int, browser: bool) -> N
         note(phase, client.run_on_scheduler(longest_since_reset), page)
 
     print(f"\nlongest stretch the scheduler's event loop was held, per phase "
-          f"({n_states:,} states; target <= {TARGET * 1e3:.0f} ms), and the longest "
-          f"garbage collection of the interpreter in it (and of those Bokeh asked for "
-          f"when it discarded a closed page's session):")
-    for phase, (seconds, collection, discard, whose, _) in results.items():
-        mark = "" if seconds <= TARGET else "   NOT met"
-        whose = f" of {whose}" if whose else ""
-        print(f"  {phase:<24} {seconds * 1e3:8.1f} ms   gc {collection * 1e3:6.1f} ms "
-              f"(Bokeh's {discard * 1e3:6.1f} ms{whose}){mark}")
+          f"({n_states:,} states; target <= {TARGET * 1e3:.0f} ms):")
+    for phase, measured in results.items():
+        mark = "" if measured["longest"] <= TARGET else "   NOT met"
+        print(f"  {phase:<24} {describe(measured)}{mark}")
+
+
+def describe(measured: dict) -> str:
+    """A stretch, what the loop's thread did in it, and the collections of its phase."""
+    whose = f" of {measured['discarded']}" if measured["discarded"] else ""
+    others = (f"; a stretch holding one of distributed's pages' "
+              f"{measured['others'] * 1e3:.1f} ms, not counted" if measured["others"] else "")
+    return (f"{measured['longest'] * 1e3:6.1f} ms (the loop's thread ran "
+            f"{measured['ran'] * 1e3:.1f} ms of it and waited for a core "
+            f"{measured['queued'] * 1e3:.1f} ms); longest garbage collection "
+            f"{measured['gc'] * 1e3:.1f} ms, Bokeh's when it discarded a closed page's "
+            f"session {measured['discard'] * 1e3:.1f} ms{whose}{others}"
+            + (f"\n      where: {measured['where']}" if measured["where"] else "")
+            + (f"\n      longest callback {measured['callback'] * 1e3:.1f} ms: "
+               f"{measured['callback_of']}" if measured["callback_of"] else ""))
 
 
 if __name__ == "__main__":

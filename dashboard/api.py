@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tornado import web
+from tornado.iostream import StreamClosedError
 
-from crux_dask.plugins.graph_process import GraphProcessGone
+from crux_dask.plugins.graph_process import GraphProcessGone, Pieces
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
 from crux_dask.scopes import select
+from crux_dask.store import PIECE_BYTES
 from crux_dask.wcp import METHODS
 
 if TYPE_CHECKING:
@@ -82,6 +84,16 @@ class CruxHandler(web.RequestHandler):
         if minimum is not None and value < minimum:
             raise BadParameter(name, f"{name} must be at least {minimum}, got {raw!r}")
         return value
+
+    async def finish_in_pieces(self, pieces: list[bytes]) -> None:
+        """Send a body made where the graph is built (:func:`cut`), a piece per write."""
+        try:
+            for piece in pieces:
+                self.write(piece)
+                await self.flush()
+        except StreamClosedError:  # the client went away
+            return
+        self.finish()
 
     def page(self) -> tuple[int, int]:
         """The ``offset`` and ``limit`` of a listing."""
@@ -312,7 +324,7 @@ class WCPHandler(CruxHandler):
             if whole:
                 start, end = self.state("start"), self.state("end")
                 try:
-                    text = await self.plugin.analyse(path_json, method, path_of_graph, start,
+                    body = await self.plugin.analyse(path_json, method, path_of_graph, start,
                                                      end, method)
                 except ValueError as error:
                     raise BadParameter("start" if start is not None else "end",
@@ -320,7 +332,7 @@ class WCPHandler(CruxHandler):
             else:
                 scope = select(self.plugin.scopes(), self.number("computation", int),
                                self.get_argument("span", None))
-                text = await self.plugin.analyse(path_json, method, path_of_scope, scope,
+                body = await self.plugin.analyse(path_json, method, path_of_scope, scope,
                                                  method)
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
@@ -328,7 +340,7 @@ class WCPHandler(CruxHandler):
         except ValueError as error:
             self.fail(400, str(error), "span" if "span" in str(error) else "computation")
             return
-        self.finish(text)
+        await self.finish_in_pieces(body)
 
     def method(self) -> str:
         method = self.get_argument("method", "observed")
@@ -339,25 +351,35 @@ class WCPHandler(CruxHandler):
 
 
 # -- analyses (see CruxSchedulerPlugin.analyse): the JSON of a long path or table is made
-# where it is computed, not on the event loop.
+# where it is computed, not on the event loop, and sent in pieces (see ``cut``).
 def path_json(store: PAGStore, end: int, method: str, function: Callable[..., CriticalPath],
-              *args: Any) -> str:
+              *args: Any) -> Pieces:
     """The JSON of the path ``function(store, end, *args)`` found by ``method``."""
     path = function(store, end, *args)
-    return json.dumps({"method": method, "length": path.length, "breakdown": path.breakdown,
-                       "states": _records(path.states), "steps": _records(path.to_frame())},
-                      default=_plain)
+    return cut(json.dumps({"method": method, "length": path.length,
+                           "breakdown": path.breakdown, "states": _records(path.states),
+                           "steps": _records(path.to_frame())}, default=_plain))
 
 
-def computations_json(store: PAGStore, end: int, scopes: list) -> str:
+def computations_json(store: PAGStore, end: int, scopes: list) -> Pieces:
     """The JSON of the table of computations and spans (:func:`scopes_table`)."""
-    return json.dumps({"computations": _records(scopes_table(store, end, scopes))},
-                      default=_plain)
+    return cut(json.dumps({"computations": _records(scopes_table(store, end, scopes))},
+                          default=_plain))
+
+
+def cut(text: str) -> Pieces:
+    """``text`` in UTF-8, in pieces of :data:`~crux_dask.store.PIECE_BYTES`: the JSON of a
+    long path is tens of megabytes, which the scheduler's event loop would otherwise
+    receive, encode and write in one call each."""
+    body = text.encode()
+    return Pieces([body[start:start + PIECE_BYTES]
+                   for start in range(0, len(body), PIECE_BYTES)])
 
 
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
-        self.finish(await self.plugin.analyse(computations_json, self.plugin.scopes()))
+        await self.finish_in_pieces(await self.plugin.analyse(computations_json,
+                                                              self.plugin.scopes()))
 
 
 class StatsHandler(CruxHandler):

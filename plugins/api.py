@@ -115,10 +115,10 @@ async def _get_wcp(client: Client, start: int | None, end: int | None, method: s
                    computation: int | None = None, span: str | None = None) -> CriticalPath:
     await _flush(client)
     if computation is None and span is None:
-        return pickle.loads(await client.run_on_scheduler(_wcp_on_scheduler, start=start,
-                                                          end=end, method=method))
-    return pickle.loads(await client.run_on_scheduler(_scope_wcp_on_scheduler, method=method,
-                                                      computation=computation, span=span))
+        return await _unpickled(client, _wcp_on_scheduler, start=start, end=end,
+                                method=method)
+    return await _unpickled(client, _scope_wcp_on_scheduler, method=method,
+                            computation=computation, span=span)
 
 
 def get_computations(client: Client) -> Any:
@@ -136,7 +136,7 @@ def get_computations(client: Client) -> Any:
 
 async def _get_computations(client: Client) -> Any:
     await _flush(client)
-    return pickle.loads(await client.run_on_scheduler(_computations_on_scheduler))
+    return await _unpickled(client, _computations_on_scheduler)
 
 
 def get_stats(client: Client) -> Any:
@@ -203,22 +203,37 @@ async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).ingest.drain()
 
 
-# The analyses come back pickled where they ran (see ``pickled``).
+# The analyses come back pickled where they ran, in pieces (see ``pickled``), staged for
+# the client to fetch one per message (see ``_unpickled``).
 async def _wcp_on_scheduler(dask_scheduler: Any, start: int | None, end: int | None,
-                            method: str) -> bytes:
-    return await _plugin(dask_scheduler).analyse(pickled, path_of_graph, start, end, method)
-
-
-async def _computations_on_scheduler(dask_scheduler: Any) -> bytes:
+                            method: str) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
-    return await plugin.analyse(pickled, scopes_table, plugin.scopes())
+    return _staged(plugin, await plugin.analyse(pickled, path_of_graph, start, end, method))
+
+
+async def _computations_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
+    plugin = _plugin(dask_scheduler)
+    return _staged(plugin, await plugin.analyse(pickled, scopes_table, plugin.scopes()))
 
 
 async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation: int | None,
-                                  span: str | None) -> bytes:
+                                  span: str | None) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
-    return await plugin.analyse(pickled, path_of_scope,
-                                select(plugin.scopes(), computation, span), method)
+    return _staged(plugin, await plugin.analyse(
+        pickled, path_of_scope, select(plugin.scopes(), computation, span), method))
+
+
+def _staged(plugin: CruxSchedulerPlugin, pieces: list[bytes]) -> tuple[str, int]:
+    return plugin.stage(pieces), len(pieces)
+
+
+async def _unpickled(client: Client, function: Any, **kwargs: Any) -> Any:
+    """What ``function`` (run on the scheduler with ``kwargs``) staged, fetched a piece
+    per message and unpickled."""
+    token, n = await client.run_on_scheduler(function, **kwargs)
+    return pickle.loads(b"".join([await client.run_on_scheduler(_staged_piece, token=token,
+                                                                index=index)
+                                  for index in range(n)]))
 
 
 async def _fetch_staged(client: Client, stage: Any

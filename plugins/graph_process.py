@@ -17,6 +17,10 @@ only those appends.  A spooled segment is announced once it is written.  Paths
 and the table of computations are computed in the process, on its graph
 (:meth:`GraphProcess.analyse`).
 
+The process also serves the Crux pages once the dashboard first asks for one
+(:meth:`GraphProcess.pages`, see :mod:`crux_dask.dashboard.apart`), which the
+scheduler relays; it sends the process its computations and spans for them.
+
 If the process dies, what it sent stays readable; events recorded afterwards
 are counted as dropped.
 """

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
 
+from crux_dask.plugins.graph_process import Pieces
 from crux_dask.scopes import Scope, key_groups, scope_path, scopes_frame
+from crux_dask.store import PIECE_BYTES
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -81,13 +83,19 @@ def _code_line(code: Any) -> str:
 
 
 # -- analyses, as CruxSchedulerPlugin.analyse runs them: (store, end, *args) ---------
-def pickled(store: PAGStore, end: int, function: Callable[..., Any], *args: Any) -> bytes:
-    """``function(store, end, *args)``, pickled where it runs.
+def pickled(store: PAGStore, end: int, function: Callable[..., Any], *args: Any) -> Pieces:
+    """``function(store, end, *args)``, pickled where it runs, cut into pieces of
+    :data:`~crux_dask.store.PIECE_BYTES`.
 
-    What a client asked for then crosses the scheduler as bytes: a long
-    path is neither unpickled nor pickled again on the scheduler's event loop.
+    What a client asked for then crosses the scheduler as bytes, a piece per
+    message: a long path is neither unpickled nor pickled again on the
+    scheduler's event loop, nor held there in one buffer of tens of megabytes
+    (whose fresh memory the loop's thread would fault in, and which distributed
+    would copy again into its reply).
     """
-    return pickle.dumps(function(store, end, *args), protocol=pickle.HIGHEST_PROTOCOL)
+    whole = pickle.dumps(function(store, end, *args), protocol=pickle.HIGHEST_PROTOCOL)
+    return Pieces([whole[start:start + PIECE_BYTES]
+                   for start in range(0, len(whole), PIECE_BYTES)])
 
 
 def path_of_graph(store: PAGStore, end: int, start: int | None, stop: int | None,

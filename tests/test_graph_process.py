@@ -169,6 +169,33 @@ async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
     assert store.states_frame(every).equals(mirror.states_frame(every))
 
 
+@gen_cluster(client=True, config={"crux-dask.graph-process": False})
+async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
+    """A path is pickled where it is computed and cut into pieces, which the client fetches
+    one per message: the scheduler never holds nor replies with one large buffer."""
+    from crux_dask.plugins import scopes
+    from crux_dask.wcp import critical_path
+
+    await crux_dask.attach(c)
+    assert await c.compute(chain(300)) == 300
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    staged = []
+    stage = crux.stage
+    crux.stage = lambda pieces: (staged.append([len(piece) for piece in pieces]),
+                                 stage(pieces))[1]
+    piece_bytes, scopes.PIECE_BYTES = scopes.PIECE_BYTES, 4096
+    try:
+        path = await crux_dask.get_wcp(c)
+    finally:
+        scopes.PIECE_BYTES = piece_bytes
+    (sizes,) = staged
+    assert len(sizes) > 10 and max(sizes) == 4096 and crux.staged == {}  # all fetched
+    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
+    assert len(path) == len(expected) > 300
+    assert path.steps["key"].tolist() == expected.steps["key"].tolist()
+
+
 @gen_cluster(client=True, config={"crux-dask.max-states": 100})
 async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_message(
         c, s, a, b):

@@ -49,6 +49,8 @@ _MASK = STRINGS_CHUNK - 1
 #: Rows per chunk of a :class:`ChunkedColumn` (a power of two): half a megabyte of
 #: 8-byte numbers, under the 4 MiB from which numpy asks for huge pages.
 COLUMN_CHUNK = 1 << 16
+#: The memory page size (the kernel allocates a chunk's memory a page at a time).
+PAGE_BYTES = 4096
 _COLUMN_SHIFT = COLUMN_CHUNK.bit_length() - 1
 _COLUMN_MASK = COLUMN_CHUNK - 1
 
@@ -177,8 +179,12 @@ class ChunkedColumn:
     itself into fresh memory, and the first touch of fresh memory is what
     costs: numpy asks the kernel for huge pages from 4 MiB on, and a first
     touch of one took up to 15 ms in a scheduler's process.  Here the rows
-    go into chunks of :data:`COLUMN_CHUNK` rows, under that size, allocated
-    as they fill: an append touches only the memory of its own rows.
+    go into chunks of :data:`COLUMN_CHUNK` rows, under that size: an append
+    writes only its own rows.  The next chunk is allocated, and its pages
+    touched, once the last is ``ready_at`` full: the columns of a store, which
+    fill together, each at a fill of its own, so that no append faults in the
+    next chunks of them all at once (a fault costs several microseconds here,
+    and a chunk of 8-byte numbers has 128 pages).
 
     Reads like an array of its type: ``len``, by index (a Python number) or
     slice (numpy), :meth:`tobytes`, ``np.asarray`` (a copy unless one chunk
@@ -190,13 +196,17 @@ class ChunkedColumn:
     ----------
     typecode : str
         The :mod:`array` type code of the numbers.
+    ready_at : float
+        How full the last chunk is (a fraction) when the next is made ready.
     """
 
-    __slots__ = ("_state", "typecode")
+    __slots__ = ("_next", "_ready_at", "_state", "typecode")
 
-    def __init__(self, typecode: str) -> None:
+    def __init__(self, typecode: str, ready_at: float = 0.5) -> None:
         self.typecode = typecode
         self._state: tuple[tuple[np.ndarray, ...], int] = ((), 0)  # (chunks, rows)
+        self._ready_at = int(ready_at * COLUMN_CHUNK)
+        self._next: np.ndarray | None = None  # the next chunk, its pages touched
 
     def __len__(self) -> int:
         return self._state[1]
@@ -221,12 +231,20 @@ class ChunkedColumn:
         while done < len(rows):
             offset = (length + done) & _COLUMN_MASK
             if offset == 0:
-                last = np.empty(COLUMN_CHUNK, self.typecode)
+                last, self._next = self._next if self._next is not None else self._chunk(), None
                 added.append(last)
             take = min(len(rows) - done, COLUMN_CHUNK - offset)
             last[offset:offset + take] = rows[done:done + take]
             done += take
         self._state = (chunks + tuple(added), length + len(rows))
+        if self._next is None and (length + done) & _COLUMN_MASK >= self._ready_at:
+            self._next = self._chunk()
+
+    def _chunk(self) -> np.ndarray:
+        """A new chunk, its pages touched (written once each)."""
+        chunk = np.empty(COLUMN_CHUNK, self.typecode)
+        chunk.view(np.uint8)[::PAGE_BYTES] = 0
+        return chunk
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start`` to ``stop`` (``0 <= start <= stop <= len``): a view of one chunk,
@@ -526,9 +544,11 @@ class PAGStore:
         """An empty store of :class:`ChunkedColumn`: for a copy of a graph appended to in
         blocks, on an event loop."""
         store = cls(run_id)
-        for name, value in list(vars(store).items()):
-            if isinstance(value, array):
-                setattr(store, name, ChunkedColumn(value.typecode))
+        columns = [(name, value) for name, value in vars(store).items()
+                   if isinstance(value, array)]
+        for number, (name, value) in enumerate(columns):  # ready, each at a fill of its own
+            setattr(store, name, ChunkedColumn(value.typecode,
+                                               0.25 + 0.5 * number / len(columns)))
         return store
 
     def add_key(self, key: str, label: int, origin: int) -> int:

@@ -153,26 +153,36 @@ class Frames:
     Each message is its pickle's length (4 bytes, big-endian; ``-1`` and 8 bytes
     for more than 2 GiB) and the pickle, as ``Connection.send`` writes them.  A
     message that cannot be unpickled is skipped and counted in :attr:`undecodable`.
+
+    The bytes of a message not complete yet wait in a buffer, and move to a
+    second one when the messages before them are taken; both grow to the
+    largest message seen and never shrink: memory given back and asked for
+    again costs a page fault a page (128 for half a megabyte, several
+    microseconds each here), on the event loop.  ``room``: the bytes each
+    buffer holds from the start.
     """
 
-    def __init__(self) -> None:
-        self._pending = bytearray()
+    def __init__(self, room: int = 0) -> None:
+        self._buffer, self._spare = bytearray(room), bytearray(room)  # touched now, once
+        self._end = 0  # the bytes waiting are buffer[:end]
         self.undecodable = 0
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes | memoryview) -> list[Any]:
         """Take ``data``; the messages it completed, in order."""
-        pending = self._pending
-        pending += data
+        buffer, end = self._buffer, self._end + len(data)
+        if end > len(buffer):
+            buffer.extend(bytes(end - len(buffer)))
+        buffer[self._end:end] = data
         messages, start = [], 0
-        while len(pending) - start >= 4:
-            (size,), head = struct.unpack_from("!i", pending, start), 4
+        while end - start >= 4:
+            (size,), head = struct.unpack_from("!i", buffer, start), 4
             if size == -1:
-                if len(pending) - start < 12:
+                if end - start < 12:
                     break
-                (size,), head = struct.unpack_from("!Q", pending, start + 4), 12
-            if len(pending) - start - head < size:
+                (size,), head = struct.unpack_from("!Q", buffer, start + 4), 12
+            if end - start - head < size:
                 break
-            with memoryview(pending) as view, view[start + head:start + head + size] as body:
+            with memoryview(buffer) as view, view[start + head:start + head + size] as body:
                 try:
                     messages.append(pickle.loads(body))
                 except Exception as error:
@@ -180,7 +190,15 @@ class Frames:
                     logger.error("Crux could not read a message of its graph process: %r",
                                  error)
             start += head + size
-        del pending[:start]
+        left = end - start
+        if start and left:  # what is left moves to the spare buffer, which takes over
+            spare = self._spare
+            if left > len(spare):
+                spare.extend(bytes(left - len(spare)))
+            with memoryview(buffer) as view:
+                spare[:left] = view[start:end]
+            self._buffer, self._spare = spare, buffer
+        self._end = left
         return messages
 
 
@@ -236,7 +254,10 @@ class GraphProcess(Recorder):
         self._writer = threading.Thread(target=self._write, name="crux-graph-writer",
                                         daemon=True)
         self._inbox: Connection | None = None  # what the process sends, read on the loop
-        self._frames = Frames()
+        # What the loop reads the pipe into, and the messages it completes: a read, and
+        # a message of the process (at most a piece, or SHIP_STATES states' rows).
+        self._buffer = bytearray(READ_BYTES)
+        self._frames = Frames(2 * READ_BYTES)
         self._started = False  # the writer, which starts the process
         self._pages: asyncio.Future | None = None
         self._scopes_sent: list[Any] | None = None
@@ -454,18 +475,20 @@ class GraphProcess(Recorder):
 
     def _readable(self) -> None:
         inbox = self._inbox
-        try:
-            data = os.read(inbox.fileno(), READ_BYTES)
+        try:  # into the same buffer every time: fresh memory costs a page fault a page
+            read = os.readv(inbox.fileno(), [self._buffer])
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        for message in self._frames.feed(data):
+            read = 0
+        with memoryview(self._buffer) as buffer, buffer[:read] as data:
+            messages = self._frames.feed(data)
+        for message in messages:
             try:
                 self._on_message(message)
             except Exception:  # the next messages are still read
                 logger.exception("Crux could not take a message of its graph process")
-        if not data and self._inbox is not None:  # gone without saying it closed
+        if not read and self._inbox is not None:  # gone without saying it closed
             self._stop_listening()
             self._lost("it exited")
 

@@ -266,6 +266,27 @@ def test_the_scheduler_copy_never_moves_what_it_holds():
     assert np.array_equal(store.copy().column("cause_kind"), store.column("cause_kind"))
 
 
+def test_the_columns_of_the_copy_make_their_next_chunk_ready_a_few_at_a_time():
+    """The scheduler's copy appends every column by about as many rows at once: each
+    column makes its next chunk ready (its memory touched) at a fill of its own, so that
+    no append touches fresh memory for all of them."""
+    from crux_dask.store import COLUMN_CHUNK, ChunkedColumn
+
+    store = PAGStore.chunked("run")
+    columns = [column for column in vars(store).values() if isinstance(column, ChunkedColumn)]
+    ready = []
+    for _ in range(COLUMN_CHUNK // 4096):
+        for column in columns:
+            column.frombytes(np.ones(4096, column.typecode).tobytes())
+        ready.append(sum(column._next is not None for column in columns))
+    assert len(columns) > 20 and ready[-1] == len(columns)
+    assert max(np.diff([0, *ready])) <= len(columns) // 4
+    chunk = columns[0]._next
+    for column in columns:  # the next append goes into the chunk made ready
+        column.frombytes(np.full(10, 7, column.typecode).tobytes())
+    assert columns[0].chunks[-1] is chunk and columns[0][COLUMN_CHUNK:].tolist() == [7] * 10
+
+
 def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
     """The scheduler reads the process's pipe on its event loop as bytes come: the
     messages a real Connection sent come back whole, whatever the reads cut."""
@@ -286,11 +307,15 @@ def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
     sender.join()
     reading.close()
     for cut in (1, 4, 999, len(data)):
-        frames = Frames()
+        frames = Frames(len(data))
+        buffers = {id(frames._buffer), id(frames._spare)}
         received = []
         for start in range(0, len(data), cut):
-            received += frames.feed(bytes(data[start:start + cut]))
+            received += frames.feed(memoryview(data)[start:start + cut])
         assert received == sent
+        # Room enough from the start: the two buffers it made are all it used.
+        assert {id(frames._buffer), id(frames._spare)} == buffers
+        assert len(frames._buffer) == len(frames._spare) == len(data)
     # More than 2 GiB is told by a length of -1 and 8 bytes: the same message here.
     body = pickle.dumps(sent[1])
     assert Frames().feed(struct.pack("!i", -1) + struct.pack("!Q", len(body)) + body) == [sent[1]]

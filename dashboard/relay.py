@@ -131,6 +131,9 @@ class WebSocketRelay(tornado.websocket.WebSocketHandler):
         except Exception as error:  # gone, could not serve, or refused it
             logger.warning("Crux could not relay a page's websocket: %r", error)
             self.close(1011, "Crux's graph process did not answer")
+            return
+        if self.ws_connection is None:  # the page closed meanwhile
+            self.connection.close()
 
     def on_message(self, message: str | bytes) -> None:
         if self.connection is not None:
@@ -161,7 +164,7 @@ def install_relay(scheduler: Any, plugin: CruxSchedulerPlugin, routes: list[str]
     """
     upstream = Upstream(lambda: plugin.ingest.pages(settings))
     names = "|".join(re.escape(route.strip("/")) for route in routes)
-    prefix = settings["prefix"]
+    prefix = re.escape(settings["prefix"])
     scheduler.http_application.add_handlers(r".*", [
         (rf"{prefix}({names})/ws", WebSocketRelay, {"upstream": upstream}),
         (rf"{prefix}({names})(/autoload\.js|/metadata)?/?", PageRelay, {"upstream": upstream}),

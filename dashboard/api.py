@@ -29,7 +29,6 @@ from tornado.iostream import StreamClosedError
 from crux_dask.plugins.graph_process import GraphProcessGone, Pieces
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
 from crux_dask.scopes import select
-from crux_dask.store import PIECE_BYTES
 from crux_dask.wcp import METHODS
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ class CruxHandler(web.RequestHandler):
         return value
 
     async def finish_in_pieces(self, pieces: list[bytes]) -> None:
-        """Send a body made where the graph is built (:func:`cut`), a piece per write."""
+        """Send a body made where the graph is built, in pieces, a piece per write."""
         try:
             for piece in pieces:
                 self.write(piece)
@@ -351,29 +350,23 @@ class WCPHandler(CruxHandler):
 
 
 # -- analyses (see CruxSchedulerPlugin.analyse): the JSON of a long path or table is made
-# where it is computed, not on the event loop, and sent in pieces (see ``cut``).
+# where it is computed, not on the event loop, and sent in pieces: tens of megabytes for a
+# long path, which the loop would otherwise receive, encode and write in one call each.
 def path_json(store: PAGStore, end: int, method: str, function: Callable[..., CriticalPath],
               *args: Any) -> Pieces:
     """The JSON of the path ``function(store, end, *args)`` found by ``method``."""
     path = function(store, end, *args)
-    return cut(json.dumps({"method": method, "length": path.length,
-                           "breakdown": path.breakdown, "states": _records(path.states),
-                           "steps": _records(path.to_frame())}, default=_plain))
+    return Pieces.cut(json.dumps({"method": method, "length": path.length,
+                                  "breakdown": path.breakdown,
+                                  "states": _records(path.states),
+                                  "steps": _records(path.to_frame())},
+                                 default=_plain).encode())
 
 
 def computations_json(store: PAGStore, end: int, scopes: list) -> Pieces:
     """The JSON of the table of computations and spans (:func:`scopes_table`)."""
-    return cut(json.dumps({"computations": _records(scopes_table(store, end, scopes))},
-                          default=_plain))
-
-
-def cut(text: str) -> Pieces:
-    """``text`` in UTF-8, in pieces of :data:`~crux_dask.store.PIECE_BYTES`: the JSON of a
-    long path is tens of megabytes, which the scheduler's event loop would otherwise
-    receive, encode and write in one call each."""
-    body = text.encode()
-    return Pieces([body[start:start + PIECE_BYTES]
-                   for start in range(0, len(body), PIECE_BYTES)])
+    return Pieces.cut(json.dumps({"computations": _records(scopes_table(store, end, scopes))},
+                                 default=_plain).encode())
 
 
 class ComputationsHandler(CruxHandler):

@@ -51,7 +51,7 @@ except ImportError:  # not on Windows
     fcntl = None
 
 from crux_dask.plugins.ingest import GRAPH, Recorder
-from crux_dask.store import ChunkedColumn, PAGStore, StringTable
+from crux_dask.store import PIECE_BYTES, ChunkedColumn, PAGStore, StringTable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -98,6 +98,12 @@ class Pieces(list):
     def __init__(self, pieces: list[bytes], head: Any = None) -> None:
         super().__init__(pieces)
         self.head = head
+
+    @classmethod
+    def cut(cls, data: bytes) -> Pieces:
+        """``data`` in pieces of :data:`~crux_dask.store.PIECE_BYTES` (one, if it is empty)."""
+        return cls([data[start:start + PIECE_BYTES]
+                    for start in range(0, len(data), PIECE_BYTES)] or [data])
 
 
 class GraphProcessGone(RuntimeError):

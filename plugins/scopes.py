@@ -16,7 +16,6 @@ from distributed.utils import key_split_group
 
 from crux_dask.plugins.graph_process import Pieces
 from crux_dask.scopes import Scope, key_groups, scope_path, scopes_frame
-from crux_dask.store import PIECE_BYTES
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -93,9 +92,8 @@ def pickled(store: PAGStore, end: int, function: Callable[..., Any], *args: Any)
     (whose fresh memory the loop's thread would fault in, and which distributed
     would copy again into its reply).
     """
-    whole = pickle.dumps(function(store, end, *args), protocol=pickle.HIGHEST_PROTOCOL)
-    return Pieces([whole[start:start + PIECE_BYTES]
-                   for start in range(0, len(whole), PIECE_BYTES)])
+    return Pieces.cut(pickle.dumps(function(store, end, *args),
+                                   protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def path_of_graph(store: PAGStore, end: int, start: int | None, stop: int | None,

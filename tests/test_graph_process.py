@@ -173,7 +173,7 @@ async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
 async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
     """A path is pickled where it is computed and cut into pieces, which the client fetches
     one per message: the scheduler never holds nor replies with one large buffer."""
-    from crux_dask.plugins import scopes
+    from crux_dask.plugins import graph_process
     from crux_dask.wcp import critical_path
 
     await crux_dask.attach(c)
@@ -184,11 +184,11 @@ async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
     stage = crux.stage
     crux.stage = lambda pieces: (staged.append([len(piece) for piece in pieces]),
                                  stage(pieces))[1]
-    piece_bytes, scopes.PIECE_BYTES = scopes.PIECE_BYTES, 4096
+    piece_bytes, graph_process.PIECE_BYTES = graph_process.PIECE_BYTES, 4096
     try:
         path = await crux_dask.get_wcp(c)
     finally:
-        scopes.PIECE_BYTES = piece_bytes
+        graph_process.PIECE_BYTES = piece_bytes
     (sizes,) = staged
     assert len(sizes) > 10 and max(sizes) == 4096 and crux.staged == {}  # all fetched
     expected = critical_path(crux.builder.store, default_end=crux.builder.end)

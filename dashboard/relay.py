@@ -6,7 +6,8 @@ HTTP requests and its websocket through, bytes in and bytes out, under the
 dashboard's prefix.  Bokeh's static files come from the scheduler's own
 Bokeh server, as for distributed's pages.  The scheduler's event loop spends
 on a page only the copying; what the page reads of the scheduler, the
-computations and spans, is sent to the process while a page is open.
+computations and spans, is sent to the process while a page is open.  If
+the process dies, the scheduler serves the pages itself from then on.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import tornado.httpclient
 import tornado.web
 import tornado.websocket
+from tornado.httputil import HTTPServerRequest
 from tornado.ioloop import PeriodicCallback
+from tornado.routing import PathMatches
 
 if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
@@ -45,11 +48,32 @@ class Upstream:
 
     The process starts its server when a page is first asked for; until then
     it imports no Bokeh.  :attr:`open_pages` counts the websockets relayed now.
+
+    Parameters
+    ----------
+    port : callable
+        Awaitable of the port, which starts the server the first time.
+    alive : callable
+        Whether the process lives.
+    fall_back : callable
+        Has the scheduler serve the pages itself, once the process is gone.
     """
 
-    def __init__(self, port: Callable[[], Awaitable[int]]) -> None:
+    def __init__(self, port: Callable[[], Awaitable[int]], alive: Callable[[], bool],
+                 fall_back: Callable[[], None]) -> None:
         self._port = port
+        self.alive = alive
+        self._fall_back = fall_back
+        self.fell_back = False
         self.open_pages = 0
+
+    def fall_back(self) -> None:
+        """Have the scheduler serve the pages (the first call only)."""
+        if not self.fell_back:
+            self.fell_back = True
+            logger.warning("Crux's graph process is gone: the scheduler serves the Crux "
+                           "pages itself from now on")
+            self._fall_back()
 
     async def url(self, uri: str, scheme: str = "http") -> str:
         """``uri`` (a path and a query) at the process's server.
@@ -62,6 +86,22 @@ class Upstream:
             What the process raised when it started its server.
         """
         return f"{scheme}://127.0.0.1:{await self._port()}{uri}"
+
+
+class WhileApart(PathMatches):
+    """Matches its path while the graph process lives.  Once it is gone, the first
+    request has the scheduler serve the pages itself (:meth:`Upstream.fall_back`), and
+    every request goes to those pages."""
+
+    def __init__(self, pattern: str, upstream: Upstream) -> None:
+        super().__init__(pattern)
+        self.upstream = upstream
+
+    def match(self, request: HTTPServerRequest) -> dict[str, Any] | None:
+        if self.upstream.alive():
+            return super().match(request)
+        self.upstream.fall_back()
+        return None
 
 
 class PageRelay(tornado.web.RequestHandler):
@@ -155,19 +195,23 @@ class WebSocketRelay(tornado.websocket.WebSocketHandler):
 
 
 def install_relay(scheduler: Any, plugin: CruxSchedulerPlugin, routes: list[str],
-                  settings: dict[str, Any]) -> Upstream:
+                  settings: dict[str, Any], fall_back: Callable[[], None]) -> Upstream:
     """Relay ``routes`` (pages, under ``settings["prefix"]``) to the graph process, which
-    serves them with ``settings`` (see :func:`.apart.serve_pages`).
+    serves them with ``settings`` (see :func:`.apart.serve_pages`); ``fall_back`` has the
+    scheduler serve them once the process is gone.
 
     While a page is open, the scheduler's computations and spans are sent to
     the process whenever they change.
     """
-    upstream = Upstream(lambda: plugin.ingest.pages(settings))
+    upstream = Upstream(lambda: plugin.ingest.pages(settings), lambda: plugin.graph_apart,
+                        fall_back)
     names = "|".join(re.escape(route.strip("/")) for route in routes)
     prefix = re.escape(settings["prefix"])
     scheduler.http_application.add_handlers(r".*", [
-        (rf"{prefix}({names})/ws", WebSocketRelay, {"upstream": upstream}),
-        (rf"{prefix}({names})(/autoload\.js|/metadata)?/?", PageRelay, {"upstream": upstream}),
+        (WhileApart(rf"{prefix}({names})/ws", upstream), WebSocketRelay,
+         {"upstream": upstream}),
+        (WhileApart(rf"{prefix}({names})(/autoload\.js|/metadata)?/?", upstream), PageRelay,
+         {"upstream": upstream}),
     ])
     scheduler.http_application.crux_relayed = True
 

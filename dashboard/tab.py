@@ -34,8 +34,8 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     pages.  If the graph is built in a process of its own, that process
     serves them and the scheduler relays them (see :mod:`.relay`): making,
     encoding and collecting a page's Bokeh document, tens of milliseconds
-    each, stay off the scheduler's event loop.  Else the scheduler serves
-    them itself (see :mod:`.pages`).
+    each, stay off the scheduler's event loop.  Else, or once that process is
+    gone, the scheduler serves them itself (see :mod:`.pages`).
     """
     application = getattr(scheduler, "http_application", None)
     existing = [app for app in getattr(application, "applications", [])
@@ -59,18 +59,21 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     origins = create_hosts_allowlist(bokeh.pop("allow_websocket_origin"),
                                      scheduler.http_server.port)
     settings = {"prefix": prefix, "origins": origins, "bokeh": bokeh}
-    if isinstance(plugin.ingest, GraphProcess):
-        from crux_dask.dashboard.relay import install_relay
-
-        install_relay(scheduler, plugin, ["/crux", *INDIVIDUAL_PAGES],
-                      {**settings, "extra": extra})
-    else:
+    def serve_here() -> None:
         from crux_dask.dashboard.pages import pages_application
 
         app = pages_application(plugin, extra, settings)
         application.add_application(app)
         app.initialize(IOLoop.current())
         app.start()
+
+    if isinstance(plugin.ingest, GraphProcess):
+        from crux_dask.dashboard.relay import install_relay
+
+        install_relay(scheduler, plugin, ["/crux", *INDIVIDUAL_PAGES],
+                      {**settings, "extra": extra}, fall_back=serve_here)
+    else:
+        serve_here()
     list_individual_pages(application)
     return True
 

@@ -88,8 +88,8 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
 async def test_the_graph_process_serves_the_pages_and_the_scheduler_relays_them(c, s, a, b):
     """With a graph process, the scheduler holds no Crux page: it passes them on.  If the
-    process dies, a page says so (503) and the JSON API still answers from the graph
-    the scheduler received."""
+    process dies, the scheduler serves the pages itself, from the graph it received, and
+    so does the JSON API."""
     import signal
 
     await crux_dask.attach(c)
@@ -111,8 +111,19 @@ async def test_the_graph_process_serves_the_pages_and_the_scheduler_relays_them(
     states = plugin.builder.store.n_states
     os.kill(plugin.ingest.remote["pid"], signal.SIGKILL)
     await async_poll_for(lambda: not plugin.graph_apart, timeout=10)
-    code, body = await fetch(s, "/crux")
-    assert code == 503 and "graph process" in body and "crux/api/v1" in body
+    code, page = await fetch(s, "/individual-crux-steps")
+    assert code == 200 and "Dask: Crux StepsTable" in page
+    (served,) = [app for app in s.http_application.applications
+                 if "/individual-crux-steps" in getattr(app, "app_paths", ())]
+    (session,) = served.get_sessions("/individual-crux-steps")
+    path = await crux_dask.get_wcp(c)  # from the scheduler's copy
+
+    def shown() -> bool:  # the steps table comes with the page's parts (5 s at the latest)
+        steps = session.document.select_one({"name": "crux-steps"})
+        return steps is not None and list(steps.source.data["key"]) == path.steps[
+            "key"].tolist()
+
+    await async_poll_for(shown, timeout=20)
     code, body = await fetch(s, "/crux/api/v1/stats")
     assert code == 200 and json.loads(body)["states"] == states
 

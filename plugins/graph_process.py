@@ -160,8 +160,9 @@ class Frames:
     for more than 2 GiB) and the pickle, as ``Connection.send`` writes them.  A
     message that cannot be unpickled is skipped and counted in :attr:`undecodable`.
 
-    The bytes of a message not complete yet wait in a buffer, and move to a
-    second one when the messages before them are taken; both grow to the
+    The bytes are read into a buffer (:meth:`read`, or copied, :meth:`feed`);
+    those of a message not complete yet move to a second buffer when the
+    messages before them are taken; both grow to the
     largest message seen and never shrink: memory given back and asked for
     again costs a page fault a page (128 for half a megabyte, several
     microseconds each here), on the event loop.  ``room``: the bytes each
@@ -175,10 +176,28 @@ class Frames:
 
     def feed(self, data: bytes | memoryview) -> list[Any]:
         """Take ``data``; the messages it completed, in order."""
-        buffer, end = self._buffer, self._end + len(data)
-        if end > len(buffer):
-            buffer.extend(bytes(end - len(buffer)))
-        buffer[self._end:end] = data
+        end = self._end + len(data)
+        self._room(end)
+        self._buffer[self._end:end] = data
+        self._end = end
+        return self._take()
+
+    def read(self, descriptor: int, most: int) -> tuple[int, list[Any]]:
+        """Read at most ``most`` bytes from ``descriptor`` straight into the buffer; how
+        many, and the messages they completed (``BlockingIOError`` if none are ready)."""
+        self._room(self._end + most)
+        with memoryview(self._buffer) as view, view[self._end:self._end + most] as free:
+            read = os.readv(descriptor, [free])
+        self._end += read
+        return read, self._take()
+
+    def _room(self, size: int) -> None:
+        if size > len(self._buffer):
+            self._buffer.extend(bytes(size - len(self._buffer)))
+
+    def _take(self) -> list[Any]:
+        """The messages complete in the buffer; what is left waits at its front."""
+        buffer, end = self._buffer, self._end
         messages, start = [], 0
         while end - start >= 4:
             (size,), head = struct.unpack_from("!i", buffer, start), 4
@@ -260,9 +279,8 @@ class GraphProcess(Recorder):
         self._writer = threading.Thread(target=self._write, name="crux-graph-writer",
                                         daemon=True)
         self._inbox: Connection | None = None  # what the process sends, read on the loop
-        # What the loop reads the pipe into, and the messages it completes: a read, and
-        # a message of the process (at most a piece, or SHIP_STATES states' rows).
-        self._buffer = bytearray(READ_BYTES)
+        # What the loop reads the pipe into: a read, and a message of the process not
+        # complete yet (at most a piece, or SHIP_STATES states' rows).
         self._frames = Frames(2 * READ_BYTES)
         self._started = False  # the writer, which starts the process
         self._pages: asyncio.Future | None = None
@@ -481,14 +499,12 @@ class GraphProcess(Recorder):
 
     def _readable(self) -> None:
         inbox = self._inbox
-        try:  # into the same buffer every time: fresh memory costs a page fault a page
-            read = os.readv(inbox.fileno(), [self._buffer])
+        try:  # into buffers kept for it: fresh memory costs a page fault a page
+            read, messages = self._frames.read(inbox.fileno(), READ_BYTES)
         except BlockingIOError:
             return
         except OSError:
-            read = 0
-        with memoryview(self._buffer) as buffer, buffer[:read] as data:
-            messages = self._frames.feed(data)
+            read, messages = 0, []
         for message in messages:
             try:
                 self._on_message(message)

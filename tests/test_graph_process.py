@@ -316,6 +316,17 @@ def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
         # Room enough from the start: the two buffers it made are all it used.
         assert {id(frames._buffer), id(frames._spare)} == buffers
         assert len(frames._buffer) == len(frames._spare) == len(data)
+    # Read from the pipe straight into the buffers, a few hundred bytes at a time.
+    reading, writing = multiprocessing.Pipe(duplex=False)
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    frames, received, read = Frames(), [], None
+    while read != 0:
+        read, messages = frames.read(reading.fileno(), 999)
+        received += messages
+    sender.join()
+    reading.close()
+    assert received == sent
     # More than 2 GiB is told by a length of -1 and 8 bytes: the same message here.
     body = pickle.dumps(sent[1])
     assert Frames().feed(struct.pack("!i", -1) + struct.pack("!Q", len(body)) + body) == [sent[1]]

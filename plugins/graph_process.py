@@ -50,13 +50,13 @@ try:
 except ImportError:  # not on Windows
     fcntl = None
 
+from crux_dask.codec import read_head
 from crux_dask.plugins.ingest import GRAPH, Recorder
 from crux_dask.store import PIECE_BYTES, ChunkedColumn, PAGStore, StringTable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from crux_dask.codec import Batch
     from crux_dask.plugins.spool import Spool
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected
                      "events_from_workers", "hook_errors", "events_dropped",
                      "file_lists_received", "file_lists_rejected")
 #: The counts the process keeps, reported with what it sends.
-_PROCESS_COUNTS = ("events_applied", "events_failed", "file_lists_missing",
+_PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",
                    "file_lists_unmatched")
 
 
@@ -330,10 +330,12 @@ class GraphProcess(Recorder):
         self.record((GRAPH, number, time, label))
         return number
 
-    def queue_batch(self, decoded: Batch, data: bytes) -> None:
-        """Queue a worker's batch as received: the process reads it again."""
-        self.queue.append(bytes(data))
-        self.pending += len(decoded)
+    def queue_batch(self, batch: bytes) -> tuple[int, bool]:
+        """Queue a worker's batch as received, of which only the head is read here
+        (:func:`~crux_dask.codec.read_head`): the process decodes it."""
+        head = read_head(batch)
+        self.queue.append(bytes(batch))
+        return head.events, head.version != 1
 
     def apply_soon(self) -> None:
         """Send what was recorded now."""

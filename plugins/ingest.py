@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tornado.ioloop import IOLoop
 
-from crux_dask.codec import Batch, BatchError, decode_batch
+from crux_dask.codec import BatchError, decode_batch, read_head
 from crux_dask.columns import EventColumns
 from crux_dask.plugins.protocol import FILES, FOLLOW, key_string
 from crux_dask.plugins.tasks import TASK, task_events
@@ -62,18 +62,19 @@ SLICE_SECONDS = 0.005
 SLICE_MIN = 128
 
 _COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
-           "batches_in_columns", "batches_rejected", "hook_errors", "file_lists_received",
-           "file_lists_rejected", "file_lists_missing", "file_lists_unmatched"]
+           "batches_in_columns", "batches_rejected", "batches_failed", "hook_errors",
+           "file_lists_received", "file_lists_rejected", "file_lists_missing",
+           "file_lists_unmatched"]
 
 
 class Recorder:
     """What the scheduler's hooks and the workers' RPC handler record into.
 
     The rules both places that take recorded events share: a queue, its
-    counts, checking the workers' batches, and applying (or sending) the
-    queue promptly once it holds ``max_pending`` events.  A subclass says what
-    a checked batch becomes in the queue (:meth:`queue_batch`) and what
-    applying soon means (:meth:`apply_soon`).
+    counts, receiving the workers' batches, and applying (or sending) the
+    queue promptly once it holds ``max_pending`` events.  A subclass says how
+    much of a batch it checks and what the batch becomes in the queue
+    (:meth:`queue_batch`), and what applying soon means (:meth:`apply_soon`).
 
     Attributes
     ----------
@@ -119,19 +120,19 @@ class Recorder:
         started = time.thread_time()
         self.counts["batches_received"] += 1
         try:
-            decoded = decode_batch(batch)
+            events, in_columns = self.queue_batch(batch)
         except BatchError as error:
             self.counts["batches_rejected"] += 1
             self.last_error = f"batch rejected: {error}"
             logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
             return {"status": "rejected", "error": str(error)}
-        self.counts["batches_in_columns"] += decoded.columns is not None
-        self.counts["events_from_workers"] += len(decoded)
-        self.queue_batch(decoded, batch)
+        self.counts["batches_in_columns"] += in_columns
+        self.counts["events_from_workers"] += events
+        self.pending += events
         self.seconds["receive"] += time.thread_time() - started
         if self.pending >= self.max_pending:
             self.apply_soon()
-        return {"status": "OK", "accepted": len(decoded)}
+        return {"status": "OK", "accepted": events}
 
     def receive_files(self, files: Any = None, source: Any = None,
                       **kwargs: Any) -> dict[str, Any]:
@@ -160,8 +161,14 @@ class Recorder:
             self.record((TASK_FILES, name, source, listed))
         return {"status": "OK"}
 
-    def queue_batch(self, decoded: Batch, data: bytes) -> None:
-        """Queue a worker's batch, checked (``decoded``) and as received (``data``)."""
+    def queue_batch(self, batch: bytes) -> tuple[int, bool]:
+        """Queue a worker's batch: how many events it holds, and whether in columns.
+
+        Raises
+        ------
+        BatchError
+            If the batch is refused: nothing of it is queued.
+        """
         raise NotImplementedError
 
     def apply_soon(self) -> None:
@@ -243,17 +250,21 @@ class Ingest(Recorder):
         return self.taken + self.pending
 
     # -- recording: cheap, never applies --------------------------------------
-    def queue_batch(self, decoded: Batch, data: bytes | None = None) -> None:
-        """Queue a worker's batch, checked: in columns if it came so, else its rows."""
+    def queue_batch(self, batch: bytes) -> tuple[int, bool]:
+        """Queue a worker's batch, checked (:func:`~crux_dask.codec.decode_batch`): in
+        columns if it came so, else its rows."""
+        decoded = decode_batch(batch)
         if decoded.columns is not None:
             self.queue.append(decoded.columns)
         else:
             self.queue.extend(decoded.rows)
-        self.pending += len(decoded)
+        return len(decoded), decoded.columns is not None
 
     def take(self, entries: list) -> None:
         """Queue what another process recorded, in order: queue entries, and the
-        workers' batches as received (bytes, checked there already)."""
+        workers' batches as received (bytes, of which that process read the head:
+        :func:`~crux_dask.codec.read_head`).  A batch whose events turn out to be
+        malformed is counted in ``batches_failed``, its events in ``events_failed``."""
         for entry in entries:
             if isinstance(entry, tuple):
                 if entry[0] == GRAPH:  # made now, as :meth:`root` does
@@ -264,9 +275,11 @@ class Ingest(Recorder):
                 self.pending += 1
             else:
                 try:
-                    self.queue_batch(decode_batch(entry))
-                except BatchError as error:  # checked before: only a bug gets here
-                    self.failed("batch", error)
+                    self.pending += self.queue_batch(entry)[0]
+                except BatchError as error:  # only its head was read: its events failed
+                    self.counts["batches_failed"] += 1
+                    self.counts["events_failed"] += read_head(entry).events
+                    self.last_error = f"batch rejected: {error}"
 
     def apply_soon(self) -> None:
         """Schedule slices on the running event loop until the queue is empty (once)."""

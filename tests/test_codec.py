@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
-from crux_dask.codec import COLUMNS_FROM, MAX_BATCH_BYTES, VERSION
+from crux_dask.codec import COLUMNS_FROM, MAX_BATCH_BYTES, VERSION, read_head
 from crux_dask.events import parse
 
 texts = st.text(max_size=20)
@@ -225,6 +225,41 @@ def test_malformed_batches_are_rejected_and_change_nothing(name):
     with pytest.raises(BatchError, match=message):
         builder.apply_batch(data)
     assert (builder.store.n_states, builder.store.n_mutations) == before
+
+
+@settings(max_examples=200)
+@given(st.lists(events(), max_size=20), texts, st.integers(0, 2**32), st.booleans())
+def test_the_head_of_a_batch_says_what_decoding_it_finds(batch, source, seq, columns):
+    data = encode_batch(batch, source, seq, columns=columns)
+    head, decoded = read_head(data), decode_batch(data)
+    assert (head.source, head.seq, head.events) == (decoded.source, decoded.seq, len(decoded))
+    assert (head.version != 1) == (decoded.columns is not None)
+
+
+def test_a_head_read_in_any_order_of_the_fields():
+    events = [list(TRANSFER), list(DELETE)]
+    data = packed({"events": events, "seq": 7, "v": 1, "source": "w"})
+    assert (read_head(data).events, read_head(data).seq) == (2, 7) == (
+        len(decode_batch(data)), decode_batch(data).seq)
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_batch_with_a_malformed_head_is_refused_by_both_readings(name):
+    """What the head reader refuses the decoder refuses too; what it lets through (a
+    malformed event) it counts as the decoder would."""
+    data, _ = MALFORMED[name]
+    try:
+        head = read_head(data)
+    except BatchError:
+        with pytest.raises(BatchError):
+            decode_batch(data)
+        return
+    with pytest.raises(BatchError):
+        decode_batch(data)
+    if name != "truncated":  # else only its start unpacks
+        message = msgpack.unpackb(data)
+        assert head.events == (len(message["events"]) if head.version == 1
+                               else len(message["columns"]["kind"]))
 
 
 def test_a_bad_event_anywhere_rejects_the_whole_batch():

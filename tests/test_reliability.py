@@ -46,36 +46,53 @@ def malformed_batches(n: int, seed: int = 0) -> list[bytes]:
     return batches
 
 
-@gen_cluster(client=True, timeout=300)
-async def test_hostile_batches_are_counted_and_harm_nothing(c, s, a, b):
-    await crux_dask.attach(c)
-    await c.submit(inc, 1, key="x", workers=[a.address])
-    plugin = s.plugins["crux"]
-    before = dict(plugin.counts)
-    bad = malformed_batches(10_000)
-    valid = 0
-    send = a.scheduler.crux_events
-    for i, data in enumerate(bad):
-        reply = await send(batch=data, source=a.address)
-        assert reply["status"] == "rejected"
-        if i % 100 == 0:  # a valid batch now and then, through the same transport
-            event = ("transfer", "x", f"memory@{a.address}", f"memory@{b.address}",
-                     time.time(), time.time(), 28)
-            reply = await send(batch=encode_batch([event], a.address, i), source=a.address)
-            assert reply == {"status": "OK", "accepted": 1}
-            valid += 1
-    await crux_dask.flush(c)
-    stats = await crux_dask.get_stats(c)
-    assert stats["batches_rejected"] - before["batches_rejected"] == len(bad)
-    assert stats["events_from_workers"] - before["events_from_workers"] >= valid
-    assert stats["events_applied"] == stats["events_received"]
-    assert stats["events_failed"] == 0 and stats["hook_errors"] == 0
-    assert set(s.workers) == {a.address, b.address}  # nobody was dropped
-    pag = await crux_dask.get_pag(c)
-    copies = pag.states[(pag.states["key"] == "x")
-                        & (pag.states["location"] == f"memory@{b.address}")]
-    assert len(copies) == valid  # every valid event landed
-    assert await c.submit(inc, 41) == 42  # and the cluster still works
+@pytest.mark.parametrize("apart", [True, False])
+def test_hostile_batches_are_counted_and_harm_nothing(apart):
+    """Every malformed batch is refused and counted, by the scheduler in its reply if its
+    head is malformed (or always, without a graph process), else by the graph process."""
+
+    @gen_cluster(client=True, timeout=300, config={"crux-dask.graph-process": apart})
+    async def run(c, s, a, b):
+        await crux_dask.attach(c)
+        await c.submit(inc, 1, key="x", workers=[a.address])
+        plugin = s.plugins["crux"]
+        before = dict(plugin.counts)
+        bad = malformed_batches(10_000)
+        valid = refused = 0
+        taken = []  # events in bad batches the scheduler took, to be checked where applied
+        send = a.scheduler.crux_events
+        for i, data in enumerate(bad):
+            reply = await send(batch=data, source=a.address)
+            if reply["status"] == "rejected":
+                refused += 1
+            else:
+                assert apart and reply["status"] == "OK"
+                taken.append(reply["accepted"])
+            if i % 100 == 0:  # a valid batch now and then, through the same transport
+                event = ("transfer", "x", f"memory@{a.address}", f"memory@{b.address}",
+                         time.time(), time.time(), 28)
+                reply = await send(batch=encode_batch([event], a.address, i),
+                                   source=a.address)
+                assert reply == {"status": "OK", "accepted": 1}
+                valid += 1
+        await crux_dask.flush(c)
+        stats = await crux_dask.get_stats(c)
+        assert stats["batches_rejected"] - before["batches_rejected"] == refused
+        assert stats["batches_failed"] - before["batches_failed"] == len(taken)
+        assert refused + len(taken) == len(bad)
+        assert (len(taken) > 1000) == apart  # the events of a batch are checked apart
+        assert stats["events_failed"] == sum(taken)
+        assert stats["events_from_workers"] - before["events_from_workers"] >= valid
+        assert stats["events_applied"] + stats["events_failed"] == stats["events_received"]
+        assert stats["hook_errors"] == 0
+        assert set(s.workers) == {a.address, b.address}  # nobody was dropped
+        pag = await crux_dask.get_pag(c)
+        copies = pag.states[(pag.states["key"] == "x")
+                            & (pag.states["location"] == f"memory@{b.address}")]
+        assert len(copies) == valid  # every valid event landed
+        assert await c.submit(inc, 41) == 42  # and the cluster still works
+
+    run()
 
 
 @gen_cluster(client=True)

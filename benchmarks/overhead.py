@@ -345,6 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
     applying: dict[str, list[float]] = {w: [] for w in chosen}
     longest: dict[str, list[float]] = {w: [] for w in chosen}
     waited: dict[str, list[int]] = {w: [] for w in chosen}
+    own: dict[str, list[dict[str, float]]] = {w: [] for w in chosen}
     with tempfile.TemporaryDirectory(prefix="crux-overhead-") as scratch:
         for round_ in range(args.repeats):
             turn = round_ % len(configs)
@@ -368,6 +369,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
                             longest[name].append(after["longest_slice_seconds"])
                             waited[name].append(after["events_parked_total"]
                                                 - before["events_parked_total"])
+                            own[name].append(own_seconds(before, after))
                         print(f"  round {round_ + 1} {config:<11} {name:<8} "
                               f"wall {result['wall']:6.2f} s  scheduler CPU "
                               f"{result['scheduler']:6.2f} s  workers CPU "
@@ -379,7 +381,20 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
         results[name]["applying"] = applying[name]  # type: ignore[assignment]
         results[name]["longest_slice"] = longest[name]  # type: ignore[assignment]
         results[name]["waited"] = waited[name]  # type: ignore[assignment]
+        results[name]["own"] = own[name]  # type: ignore[assignment]
     return results
+
+
+def own_seconds(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """The scheduler's CPU seconds Crux measured itself spending between two of its stats:
+    its handler taking the workers' batches, its writer thread sending the queue to
+    the graph process, and its event loop reading the graph process's rows back."""
+    def process(stats: dict[str, Any], name: str) -> float:
+        return (stats.get("graph_process") or {}).get(name, 0.0)
+
+    return {"receiving": after["seconds_receiving"] - before["seconds_receiving"],
+            "sending": process(after, "seconds_sending") - process(before, "seconds_sending"),
+            "reading": process(after, "seconds_reading") - process(before, "seconds_reading")}
 
 
 def check_crux(stats: dict[str, Any]) -> None:
@@ -439,6 +454,13 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   f"waited for a late report {statistics.median(results[name]['waited']):,.0f}"
                   f"; longest stretch of the scheduler's event loop "
                   f"{max(results[name]['longest_slice']) * 1000:.1f} ms")
+            parts = {part: statistics.median(r[part] for r in results[name]["own"])
+                     for part in ("receiving", "sending", "reading")}
+            spent = sum(parts.values())
+            print(f"  crux's own CPU on the scheduler (measured by crux, hooks not included): "
+                  f"{spent * 1000:.0f} ms = {spent / crux['scheduler']:.2%} of its CPU ("
+                  + ", ".join(f"{part} {value * 1000:.0f} ms" for part, value in parts.items())
+                  + ")")
             if "crux-other" in medians:
                 pairs = [(r["scheduler"] / o["scheduler"], r["workers"] / o["workers"])
                          for r, o in zip(results[name]["crux"], results[name]["crux-other"],

@@ -81,6 +81,8 @@ PROCESS_SLICE = 2048
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
                      "events_from_workers", "hook_errors", "events_dropped",
                      "file_lists_received", "file_lists_rejected")
+#: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
+_QUESTIONS = frozenset({"drain", "external", "analyse", "pages"})
 #: The counts the process keeps, reported with what it sends.
 _PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",
                    "file_lists_unmatched")
@@ -257,7 +259,10 @@ class GraphProcess(Recorder):
     counts, seconds : dict
         As :class:`~crux_dask.plugins.ingest.Ingest`'s, the scheduler's and the
         process's together; ``seconds["longest_slice"]`` is the longest stretch
-        the scheduler's event loop spent appending what the process sent.
+        the scheduler's event loop spent appending what the process sent.  The
+        scheduler's CPU seconds in the writer thread, pickling what is sent
+        (``send``), and on the event loop reading what the process sends back
+        (``read``) are counted too.
     """
 
     def __init__(self, spool: Spool, settings: dict[str, Any]) -> None:
@@ -266,6 +271,7 @@ class GraphProcess(Recorder):
         super().__init__(settings["max_pending"],
                          (*_SCHEDULER_COUNTS, *_PROCESS_COUNTS))
         self.sent = 0
+        self.seconds.update(send=0.0, read=0.0)
         self.builder = GraphMirror(self.settings["run_id"])
         self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
         self.alive = True
@@ -454,12 +460,27 @@ class GraphProcess(Recorder):
                 while not self._outgoing:
                     self._wake.wait()
                 message = self._outgoing.popleft()
+            started = time.thread_time()
             try:
-                connection.send(message)
+                data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as error:  # a question that cannot travel: its asker is told
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._unsendable, message, error)
+                continue
+            try:
+                connection.send_bytes(data)
             except (OSError, ValueError):  # the process is gone: reading its pipe says so
                 return
+            self.seconds["send"] += time.thread_time() - started
             if message[0] == "close":
                 return
+
+    def _unsendable(self, message: tuple, error: Exception) -> None:
+        """A message that could not be pickled: the question's future fails with why."""
+        self.last_error = f"could not send {message[0]!r} to the graph process: {error!r}"
+        future = self._answers.pop(message[1], None) if message[0] in _QUESTIONS else None
+        if future is not None and not future.done():
+            future.set_exception(error)
 
     def _spawn(self) -> None:
         context = multiprocessing.get_context("forkserver")
@@ -501,6 +522,7 @@ class GraphProcess(Recorder):
 
     def _readable(self) -> None:
         inbox = self._inbox
+        started = time.thread_time()
         try:  # into buffers kept for it: fresh memory costs a page fault a page
             read, messages = self._frames.read(inbox.fileno(), READ_BYTES)
         except BlockingIOError:
@@ -512,6 +534,7 @@ class GraphProcess(Recorder):
                 self._on_message(message)
             except Exception:  # the next messages are still read
                 logger.exception("Crux could not take a message of its graph process")
+        self.seconds["read"] += time.thread_time() - started
         if not read and self._inbox is not None:  # gone without saying it closed
             self._stop_listening()
             self._lost("it exited")

@@ -421,6 +421,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "last_error": ingest.last_error,
             "graph_process": {"pid": ingest.remote["pid"], "alive": ingest.alive,
                               "cpu_seconds": ingest.remote["cpu_seconds"],
+                              "seconds_sending": ingest.seconds["send"],
+                              "seconds_reading": ingest.seconds["read"],
                               "messages_unreadable": ingest.messages_unreadable}
             if remote else None,
         }

@@ -18,6 +18,7 @@ from array import array
 import dask
 import numpy as np
 import psutil
+import pytest
 from distributed import Client, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
@@ -89,6 +90,10 @@ def test_the_graph_process_builds_the_graph_the_scheduler_would():
     assert stats["graph_process"]["alive"] and here_stats["graph_process"] is None
     assert stats["graph_process"]["cpu_seconds"] > 0
     assert stats["graph_process"]["messages_unreadable"] == 0
+    # What sending and reading back cost the scheduler's process (this one): measured.
+    spent = sum(psutil.Process().cpu_times()[:2])
+    assert 0 < stats["graph_process"]["seconds_sending"] < spent
+    assert 0 < stats["graph_process"]["seconds_reading"] < spent
     assert stats["events_applied"] == stats["events_received"] > 30
     assert shape(elsewhere) == shape(here)
 
@@ -167,6 +172,21 @@ async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
     assert end == crux.builder.end and store.n_states == mirror.n_states > 20
     every = np.arange(mirror.n_states)
     assert store.states_frame(every).equals(mirror.states_frame(every))
+
+
+@gen_cluster(client=True)
+async def test_a_question_that_cannot_travel_fails_only_its_asker(c, s, a, b):
+    """What cannot be pickled never reaches the process: its asker gets the error, and
+    the writer goes on sending what follows."""
+    await crux_dask.attach(c)
+    crux = s.plugins["crux"]
+    assert crux.graph_apart
+    with pytest.raises(Exception, match=r"lambda|pickle"):
+        await crux.ingest.analyse(lambda store, end: end)
+    assert "could not send 'analyse'" in crux.ingest.last_error
+    assert await c.submit(inc, 1, key="after") == 2
+    assert "after" in set((await crux_dask.get_pag(c)).states["key"])
+    assert crux.graph_apart
 
 
 @gen_cluster(client=True, config={"crux-dask.graph-process": False})

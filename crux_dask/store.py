@@ -667,8 +667,8 @@ _CAUSE_NAMES = np.array([k.name for k in CauseKind], dtype=object)
 #: About how many bytes a piece of :meth:`PAGStore.to_pieces` holds.  Whoever receives
 #: a piece unpickles it in one call, holding the interpreter, and the first touch of
 #: the memory it fills costs more than the copy: 10 MB of keys at once held a
-#: scheduler's event loop about 10 ms.
-PIECE_BYTES = 1 << 20
+#: scheduler's event loop about 10 ms, a megabyte 4 ms when its pages were new.
+PIECE_BYTES = 1 << 19
 
 
 def _strings_per_piece(values: Strings) -> int:

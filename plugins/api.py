@@ -266,7 +266,7 @@ async def _stage(plugin: CruxSchedulerPlugin, spooled: list[list[bytes]],
     """Stage what ``head(end)`` returns (a tuple and pieces of its own), the
     ``spooled`` segments' pieces and the live graph as it is now, for a client.
 
-    The graphs are cut into pieces of a few megabytes where they are built or
+    The graphs are cut into pieces of half a megabyte where they are built or
     spooled (:meth:`~CruxSchedulerPlugin.pieces`,
     :meth:`~CruxSchedulerPlugin.spooled_pieces`); the pieces of ``head`` are
     pickled one at a time as they are fetched.  The client fetches one piece

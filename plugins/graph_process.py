@@ -32,6 +32,7 @@ import contextlib
 import io
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 import pickle
@@ -65,16 +66,18 @@ __all__ = ["Frames", "GraphMirror", "GraphProcess", "GraphProcessGone", "Pieces"
 
 #: Seconds between two sends of the rows the process added while it applies, and
 #: the most states per send: the scheduler's event loop appends a send at once, about
-#: a microsecond for a state and its mutations.
+#: a microsecond for a state and its mutations (2.5 ms for 2,048 in a busy scheduler
+#: here, the page faults of its columns' fresh chunks included).
 SHIP_INTERVAL = 0.05
-SHIP_STATES = 4096
+SHIP_STATES = 2048
 #: The most queue entries, and bytes of the workers' batches, per message to the
 #: process: pickling one holds the scheduler's interpreter for about a microsecond
 #: an entry, and copies the batches.
 MESSAGE_ENTRIES = 2048
 MESSAGE_BYTES = 2**22
-#: The most bytes of what the process sends that the event loop reads in one turn.
-READ_BYTES = 1 << 20
+#: The most bytes of what the process sends that the event loop reads, and takes
+#: messages of, in one turn (a message takes the turn alone if it is larger).
+READ_BYTES = 1 << 19
 #: Events the process applies between two looks at what the scheduler sent.
 PROCESS_SLICE = 2048
 #: What the process does not know and the scheduler does count.
@@ -163,18 +166,26 @@ class Frames:
     message that cannot be unpickled is skipped and counted in :attr:`undecodable`.
 
     The bytes are read into a buffer (:meth:`read`, or copied, :meth:`feed`);
-    those of a message not complete yet move to a second buffer when the
+    those of messages not taken yet move to a second buffer when the
     messages before them are taken; both grow to the
     largest message seen and never shrink: memory given back and asked for
     again costs a page fault a page (128 for half a megabyte, several
     microseconds each here), on the event loop.  ``room``: the bytes each
     buffer holds from the start.
+
+    :meth:`read` takes messages up to a budget of bytes: what a message holds
+    is fresh memory, which costs the unpickling call its page faults (4 ms for
+    a megabyte in a busy scheduler here, 16 µs a page), so a read that
+    completes several pieces leaves all but the first :attr:`waiting`, for the
+    next calls.
     """
 
     def __init__(self, room: int = 0) -> None:
         self._buffer, self._spare = bytearray(room), bytearray(room)  # touched now, once
         self._end = 0  # the bytes waiting are buffer[:end]
         self.undecodable = 0
+        #: Whether a complete message waits in the buffer, left by a take's budget.
+        self.waiting = False
 
     def feed(self, data: bytes | memoryview) -> list[Any]:
         """Take ``data``; the messages it completed, in order."""
@@ -184,31 +195,31 @@ class Frames:
         self._end = end
         return self._take()
 
-    def read(self, descriptor: int, most: int) -> tuple[int, list[Any]]:
-        """Read at most ``most`` bytes from ``descriptor`` straight into the buffer; how
-        many, and the messages they completed (``BlockingIOError`` if none are ready)."""
+    def read(self, descriptor: int, most: int) -> tuple[int | None, list[Any]]:
+        """Read at most ``most`` bytes from ``descriptor`` straight into the buffer, and
+        take the messages complete in it, no more once ``most`` bytes of them are
+        taken (at least one).  How many bytes were read (``None`` if none were,
+        for messages were :attr:`waiting`; ``0`` at the pipe's end), and the
+        messages (``BlockingIOError`` if no bytes are ready)."""
+        if self.waiting:
+            return None, self._take(most)
         self._room(self._end + most)
         with memoryview(self._buffer) as view, view[self._end:self._end + most] as free:
             read = os.readv(descriptor, [free])
         self._end += read
-        return read, self._take()
+        return read, self._take(most)
 
     def _room(self, size: int) -> None:
         if size > len(self._buffer):
             self._buffer.extend(bytes(size - len(self._buffer)))
 
-    def _take(self) -> list[Any]:
-        """The messages complete in the buffer; what is left waits at its front."""
-        buffer, end = self._buffer, self._end
+    def _take(self, most: float = math.inf) -> list[Any]:
+        """The messages complete in the buffer, up to ``most`` bytes of them (at least
+        one); what is left waits at its front."""
+        buffer = self._buffer
         messages, start = [], 0
-        while end - start >= 4:
-            (size,), head = struct.unpack_from("!i", buffer, start), 4
-            if size == -1:
-                if end - start < 12:
-                    break
-                (size,), head = struct.unpack_from("!Q", buffer, start + 4), 12
-            if end - start - head < size:
-                break
+        while (message := self._message_at(start)) is not None and start < most:
+            head, size = message
             with memoryview(buffer) as view, view[start + head:start + head + size] as body:
                 try:
                     messages.append(pickle.loads(body))
@@ -217,6 +228,8 @@ class Frames:
                     logger.error("Crux could not read a message of its graph process: %r",
                                  error)
             start += head + size
+        self.waiting = message is not None
+        end = self._end
         left = end - start
         if start and left:  # what is left moves to the spare buffer, which takes over
             spare = self._spare
@@ -227,6 +240,19 @@ class Frames:
             self._buffer, self._spare = spare, buffer
         self._end = left
         return messages
+
+    def _message_at(self, start: int) -> tuple[int, int] | None:
+        """The length of the head and of the body of the message at ``start``, if the
+        whole message is in the buffer."""
+        buffer, end = self._buffer, self._end
+        if end - start < 4:
+            return None
+        (size,), head = struct.unpack_from("!i", buffer, start), 4
+        if size == -1:
+            if end - start < 12:
+                return None
+            (size,), head = struct.unpack_from("!Q", buffer, start + 4), 12
+        return (head, size) if end - start - head >= size else None
 
 
 def _extend_table(table: StringTable, values: list[str], coded: bool) -> None:
@@ -288,6 +314,7 @@ class GraphProcess(Recorder):
         # What the loop reads the pipe into: a read, and a message of the process not
         # complete yet (at most a piece, or SHIP_STATES states' rows).
         self._frames = Frames(2 * READ_BYTES)
+        self._paused = False  # not reading the pipe: messages read already wait
         self._started = False  # the writer, which starts the process
         self._pages: asyncio.Future | None = None
         self._scopes_sent: list[Any] | None = None
@@ -522,6 +549,8 @@ class GraphProcess(Recorder):
 
     def _readable(self) -> None:
         inbox = self._inbox
+        if inbox is None:  # closed since this call was planned
+            return
         started = time.thread_time()
         try:  # into buffers kept for it: fresh memory costs a page fault a page
             read, messages = self._frames.read(inbox.fileno(), READ_BYTES)
@@ -535,9 +564,19 @@ class GraphProcess(Recorder):
             except Exception:  # the next messages are still read
                 logger.exception("Crux could not take a message of its graph process")
         self.seconds["read"] += time.thread_time() - started
-        if not read and self._inbox is not None:  # gone without saying it closed
+        if self._inbox is None:  # it said it closed
+            return
+        if read == 0:  # gone without saying it closed
             self._stop_listening()
             self._lost("it exited")
+        elif self._frames.waiting:  # the rest in the next turns, the pipe unread meanwhile
+            if not self._paused:
+                self._loop.remove_reader(inbox.fileno())
+                self._paused = True
+            self._loop.call_soon(self._readable)
+        elif self._paused:
+            self._loop.add_reader(inbox.fileno(), self._readable)
+            self._paused = False
 
     def _stop_listening(self) -> None:
         """Stop reading what the process sends, and wake :meth:`close`."""

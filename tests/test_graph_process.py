@@ -356,3 +356,52 @@ def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
     assert frames.feed(struct.pack("!i", len(garbage)) + garbage + struct.pack("!i", len(body))
                        + body) == [sent[1]]
     assert frames.undecodable == 1
+
+
+def test_a_read_takes_its_budget_of_messages_and_leaves_the_rest_waiting():
+    """What a message holds is fresh memory, paid for on the event loop: one read takes
+    the messages that start within its budget of bytes, and the messages complete
+    after them wait for the next reads, which take them without reading the pipe."""
+    reading, writing = multiprocessing.Pipe(duplex=False)
+    sent = [b"x" * 3000, *range(5), b"y" * 5000, "last"]
+    for message in sent:
+        writing.send(message)
+    writing.close()
+    sizes = {repr(message): len(pickle.dumps(message)) + 4 for message in sent}
+    frames, calls, read = Frames(), [], None
+    while read != 0:
+        read, messages = frames.read(reading.fileno(), 2048)
+        calls.append((read, messages))
+    reading.close()
+    assert [message for _, messages in calls for message in messages] == sent
+    for _, messages in calls:  # every message but the last started within the budget
+        assert sum(sizes[repr(message)] for message in messages[:-1]) < 2048
+    # The read that completed the 3,000 bytes completed small messages after them too.
+    waited = [messages for read, messages in calls if read is None]
+    assert waited and waited[0][0] == 0
+    assert not frames.waiting
+
+
+@gen_cluster(client=True)
+async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c, s, a, b):
+    """Read a few hundred bytes a turn, the graph's pieces and the answer after them
+    come in many turns, the pipe unread while complete messages wait: all arrive."""
+    from crux_dask.plugins import graph_process
+    from crux_dask.wcp import critical_path
+
+    await crux_dask.attach(c)
+    assert await c.compute(chain(300)) == 300
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    assert crux.graph_apart
+    read_bytes, graph_process.READ_BYTES = graph_process.READ_BYTES, 300
+    try:
+        pag = await crux_dask.get_pag(c)
+        path = await crux_dask.get_wcp(c)
+    finally:
+        graph_process.READ_BYTES = read_bytes
+    assert not crux.ingest._paused and not crux.ingest._frames.waiting
+    assert len(pag.states) == crux.builder.store.n_states
+    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
+    assert len(path) == len(expected) > 300
+    assert path.steps["key"].tolist() == expected.steps["key"].tolist()

@@ -11,7 +11,8 @@ the longest delay past that.  Each phase is measured apart:
     scheduler's copy);
 ``get_pag``, ``get_wcp``, ``export``
     the whole graph to the client, its critical path, and ``export_parquet``,
-    three times each (the worst is kept);
+    three times each (the worst is kept); each call's wall time is printed,
+    and how far the scheduler's resident memory rose above where it was;
 ``dashboard``
     the Crux tab's pages fetched over HTTP, each building its components and,
     within a few seconds, showing the graph's critical path (served by the
@@ -79,6 +80,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from distributed import Client
 
 import crux_dask
@@ -95,6 +97,7 @@ PAGES = ["/individual-crux-timeline", "/individual-crux-breakdown", "/individual
 #: costs the event loop anyway.
 REFERENCE_PAGES = ["/status", "/individual-task-stream", "/individual-progress"]
 WARM_UP = "/individual-workers"
+MEMORY_EVERY = 0.005  # seconds between two looks at the scheduler's memory
 IDLE = 10.0  # seconds the scheduler is watched before anything is asked of it
 #: Seconds left to each page to compute what it shows (off the event loop) and show it.
 SHOWN_WITHIN = 3.0
@@ -315,7 +318,7 @@ def main() -> None:
             while not scheduler_file.exists():
                 time.sleep(0.1)
             with Client(scheduler_file=str(scheduler_file)) as client:
-                run(client, batches, n_events, args.browser, args.why)
+                run(client, batches, n_events, args.browser, args.why, scheduler.pid)
         finally:
             scheduler.terminate()
             scheduler.wait()
@@ -326,8 +329,33 @@ def main() -> None:
                 print("   ", line.strip())
 
 
+class MemoryPeak:
+    """How far a process's resident memory rose above where it was, in a ``with`` block
+    (looked at every :data:`MEMORY_EVERY` seconds by a thread)."""
+
+    def __init__(self, pid: int) -> None:
+        self._process = psutil.Process(pid)
+        self._done = threading.Event()
+        self.grown = 0
+
+    def __enter__(self) -> MemoryPeak:
+        start = self._process.memory_info().rss
+
+        def watch() -> None:
+            while not self._done.wait(MEMORY_EVERY):
+                self.grown = max(self.grown, self._process.memory_info().rss - start)
+
+        self._thread = threading.Thread(target=watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def run(client: Client, batches: list[bytes], n_events: int, browser: bool,
-        why: bool) -> None:
+        why: bool, scheduler_pid: int) -> None:
     client.run_on_scheduler(start_watch, why=why)
     client.run_on_scheduler(longest_since_reset)
     results: dict[str, dict] = {}
@@ -358,8 +386,13 @@ def run(client: Client, batches: list[bytes], n_events: int, browser: bool,
     for phase, call in [("get_pag", lambda: crux_dask.get_pag(client)),
                         ("get_wcp", lambda: crux_dask.get_wcp(client)),
                         ("export", lambda: export(client))] * REPEATS:
-        call()
+        with MemoryPeak(scheduler_pid) as memory:
+            started = time.perf_counter()
+            call()
+            took = time.perf_counter() - started
         note(phase, client.run_on_scheduler(longest_since_reset), phase)
+        print(f"      {took:.2f} s; the scheduler's memory (RSS) peaked "
+              f"{memory.grown / 2**20:.0f} MB above where it was", flush=True)
     address = client.dashboard_link.rsplit("/", 1)[0]
     open_page = open_in_chromium() if browser else fetch
     # The first page a scheduler serves hashes Bokeh's static files, on the event loop

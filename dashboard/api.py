@@ -26,8 +26,9 @@ import numpy as np
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from crux_dask.plugins.graph_process import GraphProcessGone, Pieces
+from crux_dask.plugins.graph_process import GraphProcessGone
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, scopes_table
+from crux_dask.plugins.staging import KeptPieces, Pieces, fetched
 from crux_dask.scopes import select
 from crux_dask.wcp import METHODS
 
@@ -84,13 +85,25 @@ class CruxHandler(web.RequestHandler):
             raise BadParameter(name, f"{name} must be at least {minimum}, got {raw!r}")
         return value
 
-    async def finish_in_pieces(self, pieces: list[bytes]) -> None:
-        """Send a body made where the graph is built, in pieces, a piece per write."""
+    async def finish_in_pieces(self, pieces: Pieces | KeptPieces) -> None:
+        """Send a body made where the graph is built, in pieces, a piece per write
+        (503 if the graph process, which keeps them, is gone before the first)."""
+        sent = 0
+
+        async def send(piece: bytes) -> None:
+            nonlocal sent
+            self.write(piece)
+            sent += 1
+            await self.flush()
+
         try:
-            for piece in pieces:
-                self.write(piece)
-                await self.flush()
+            await fetched(pieces, send)
         except StreamClosedError:  # the client went away
+            return
+        except GraphProcessGone as error:
+            if sent:  # the body is cut short: the error is logged
+                raise
+            self.fail(503, str(error))
             return
         self.finish()
 

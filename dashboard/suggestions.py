@@ -99,7 +99,11 @@ def _replayed(view: GraphView) -> Future | asyncio.Future:
 
     async def replayed() -> pd.DataFrame:
         cut = await view.analyse(graph_pieces)
-        return await asyncio.wrap_future(in_thread(_suggestions_apart, cut, cut.head,
+        try:
+            pieces = await cut.fetch_all()
+        finally:
+            cut.release()
+        return await asyncio.wrap_future(in_thread(_suggestions_apart, pieces, cut.head,
                                                    name="crux-what-if"))
 
     return asyncio.ensure_future(replayed())

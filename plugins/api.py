@@ -14,8 +14,10 @@ import dask
 import distributed
 
 import crux_dask
+from crux_dask.plugins.graph_process import GraphProcessGone
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin, split_pieces
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
+from crux_dask.plugins.staging import KeptPieces, Pieces
 from crux_dask.plugins.transitions import transitions_frame
 from crux_dask.plugins.worker import CruxWorkerPlugin, flush_worker, worker_stats
 from crux_dask.scopes import select
@@ -223,34 +225,44 @@ async def _scope_wcp_on_scheduler(dask_scheduler: Any, method: str, computation:
         pickled, path_of_scope, select(plugin.scopes(), computation, span), method))
 
 
-def _staged(plugin: CruxSchedulerPlugin, pieces: list[bytes]) -> tuple[str, int]:
-    return plugin.stage(pieces), len(pieces)
+def _staged(plugin: CruxSchedulerPlugin, *parts: Pieces | KeptPieces) -> tuple[str, int]:
+    return plugin.stage(list(parts)), sum(len(part) for part in parts)
 
 
 async def _unpickled(client: Client, function: Any, **kwargs: Any) -> Any:
     """What ``function`` (run on the scheduler with ``kwargs``) staged, fetched a piece
     per message and unpickled."""
-    token, n = await client.run_on_scheduler(function, **kwargs)
-    return pickle.loads(b"".join([await client.run_on_scheduler(_staged_piece, token=token,
-                                                                index=index)
-                                  for index in range(n)]))
+    return pickle.loads(b"".join(await _fetched(client, function, **kwargs)))
 
 
 async def _fetch_staged(client: Client, stage: Any
                         ) -> tuple[tuple, list[bytes], list[PAGStore]]:
     """What ``stage`` staged on the scheduler, a piece per message: its head, the pieces
     it staged besides the graph, and the stores."""
-    token, n = await client.run_on_scheduler(stage)
-    pieces = [await client.run_on_scheduler(_staged_piece, token=token, index=i)
-              for i in range(n)]
+    pieces = await _fetched(client, stage)
     head, n_extra, counts = pickle.loads(pieces[0])
     stores = [PAGStore.from_pieces(part)
               for part in split_pieces(pieces[1 + n_extra:], counts)]
     return head, pieces[1:1 + n_extra], stores
 
 
+async def _fetched(client: Client, stage: Any, **kwargs: Any) -> list[bytes]:
+    """The pieces ``stage`` (run on the scheduler with ``kwargs``) staged, a piece per
+    message.  If the graph process, which keeps them, dies meanwhile, they are staged
+    again, once: from what the scheduler holds."""
+    try:
+        return await _fetch(client, *await client.run_on_scheduler(stage, **kwargs))
+    except GraphProcessGone:
+        return await _fetch(client, *await client.run_on_scheduler(stage, **kwargs))
+
+
+async def _fetch(client: Client, token: str, count: int) -> list[bytes]:
+    return [await client.run_on_scheduler(_staged_piece, token=token, index=index)
+            for index in range(count)]
+
+
 async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
-    return await _stage(_plugin(dask_scheduler), [], lambda end: ((end,), []))
+    return await _stage(_plugin(dask_scheduler), Pieces([], []), lambda end: ((end,), []))
 
 
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
@@ -261,28 +273,27 @@ async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
         (end, stats, scopes), plugin.transitions.in_chunks(kept)))
 
 
-async def _stage(plugin: CruxSchedulerPlugin, spooled: list[list[bytes]],
+async def _stage(plugin: CruxSchedulerPlugin, spooled: Pieces | KeptPieces,
                  head: Callable[[int], tuple[tuple, list]]) -> tuple[str, int]:
     """Stage what ``head(end)`` returns (a tuple and pieces of its own), the
     ``spooled`` segments' pieces and the live graph as it is now, for a client.
 
     The graphs are cut into pieces of half a megabyte where they are built or
     spooled (:meth:`~CruxSchedulerPlugin.pieces`,
-    :meth:`~CruxSchedulerPlugin.spooled_pieces`); the pieces of ``head`` are
-    pickled one at a time as they are fetched.  The client fetches one piece
-    per message, so that the event loop never serializes much at once.
-    Returns the token and the number of pieces.
+    :meth:`~CruxSchedulerPlugin.spooled_pieces`), and kept there until they are
+    fetched; the pieces of ``head`` are pickled one at a time as they are
+    fetched.  The client fetches one piece per message, so that the event loop
+    never serializes much at once, nor holds more than a few pieces.  Returns
+    the token and the number of pieces.
     """
-    end, live = await plugin.pieces()
-    parts = [*spooled, live]
-    made, extra = head(end)
-    pieces = [pickle.dumps((made, len(extra), [len(p) for p in parts])), *extra,
-              *(piece for part in parts for piece in part)]
-    return plugin.stage(pieces), len(pieces)
+    live = await plugin.pieces()
+    made, extra = head(live.head)
+    first = pickle.dumps((made, len(extra), [*spooled.head, len(live)]))
+    return _staged(plugin, Pieces([first, *extra]), spooled, live)
 
 
-def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
-    return _plugin(dask_scheduler).staged_piece(token, index)
+async def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
+    return await _plugin(dask_scheduler).staged_piece(token, index)
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

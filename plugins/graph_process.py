@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import itertools
 import logging
@@ -41,7 +42,7 @@ import threading
 import time
 import uuid
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,8 @@ except ImportError:  # not on Windows
 
 from crux_dask.codec import read_head
 from crux_dask.plugins.ingest import GRAPH, Recorder
-from crux_dask.store import PIECE_BYTES, ChunkedColumn, PAGStore, StringTable
+from crux_dask.plugins.staging import KeptPieces, Pieces
+from crux_dask.store import ChunkedColumn, PAGStore, StringTable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Frames", "GraphMirror", "GraphProcess", "GraphProcessGone", "Pieces", "serve"]
+__all__ = ["Frames", "GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
 
 #: Seconds between two sends of the rows the process added while it applies, and
 #: the most states per send: the scheduler's event loop appends a send at once, about
@@ -85,30 +87,14 @@ _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected
                      "events_from_workers", "hook_errors", "events_dropped",
                      "file_lists_received", "file_lists_rejected")
 #: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
-_QUESTIONS = frozenset({"drain", "external", "analyse", "pages"})
+_QUESTIONS = frozenset({"drain", "external", "analyse", "pages", "piece"})
 #: The counts the process keeps, reported with what it sends.
+#: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
+#: the oldest beyond are let go.  The scheduler lets go of what it no longer reads (and
+#: keeps at most ``STAGED_MAX`` stagings, of two answers each): this bounds the rest.
+KEPT_MAX = 16
 _PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",
                    "file_lists_unmatched")
-
-
-class Pieces(list):
-    """An answer of :meth:`GraphProcess.analyse` that is sent a piece per message: a
-    graph cut into pieces (:meth:`~crux_dask.store.PAGStore.to_pieces`), and a ``head``.
-
-    Sent at once, a graph of a million states is one message of a few hundred
-    megabytes, which the scheduler's process unpickles in one call, holding
-    its interpreter (and so its event loop) for a few hundred milliseconds.
-    """
-
-    def __init__(self, pieces: list[bytes], head: Any = None) -> None:
-        super().__init__(pieces)
-        self.head = head
-
-    @classmethod
-    def cut(cls, data: bytes) -> Pieces:
-        """``data`` in pieces of :data:`~crux_dask.store.PIECE_BYTES` (one, if it is empty)."""
-        return cls([data[start:start + PIECE_BYTES]
-                    for start in range(0, len(data), PIECE_BYTES)] or [data])
 
 
 class GraphProcessGone(RuntimeError):
@@ -303,7 +289,6 @@ class GraphProcess(Recorder):
         self.alive = True
         self._requests = itertools.count()
         self._answers: dict[int, asyncio.Future] = {}
-        self._pieces: dict[int, list[bytes]] = {}  # of answers that come a piece at a time
         self._outgoing: deque = deque()
         self._wake = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -426,8 +411,10 @@ class GraphProcess(Recorder):
         """``function(store, end, *args)`` on the graph applied so far, in the process.
 
         ``function`` and ``args`` travel pickled (a function by name); what it
-        returns comes back, and what it raises is raised here.  The process
-        applies no event meanwhile.
+        returns comes back, and what it raises is raised here.  An answer in
+        :class:`~crux_dask.plugins.staging.Pieces` stays in the process and comes
+        back as :class:`~crux_dask.plugins.staging.KeptPieces`, fetched a piece at
+        a time.  The process applies no event meanwhile.
         """
         return await self._ask("analyse", function, args)
 
@@ -455,8 +442,12 @@ class GraphProcess(Recorder):
         self._post((question[0], number, *question[1:]))
         return future
 
+    def _let_go(self, number: int) -> None:
+        """Tell the process that the pieces of answer ``number`` are no longer read."""
+        if self.alive:
+            self._post(("release", number))
+
     def _fail_answers(self, reason: str) -> None:
-        self._pieces.clear()
         answers, self._answers = self._answers, {}
         for future in answers.values():
             if not future.done():
@@ -604,12 +595,17 @@ class GraphProcess(Recorder):
             self.spool.written(*message[1:])
         elif kind == "closed":
             self._stop_listening()
-        elif kind == "piece":
-            self._pieces.setdefault(message[1], []).append(message[2])
+        elif kind == "kept":  # an answer in pieces, which the process keeps
+            _, number, count, head = message
+            future = self._answers.pop(number, None)
+            if future is None or future.done():  # the asker went away
+                self._post(("release", number))
+            else:
+                future.set_result(KeptPieces(functools.partial(self._ask, "piece", number),
+                                             functools.partial(self._let_go, number),
+                                             count, head))
         elif kind == "answer":
             _, number, value, error = message
-            if isinstance(value, Pieces):
-                value.extend(self._pieces.pop(number, ()))
             future = self._answers.pop(number, None)
             if future is not None and not future.done():
                 if error is None:
@@ -748,6 +744,16 @@ def _handle(message: tuple, ingest: Any, shipper: _Shipper, pages: dict[str, Any
         else:
             shipper.ship()
             shipper.answer(number, state)
+    elif kind == "piece":
+        _, number, kept, index = message
+        pieces = shipper.kept.get(kept)
+        if pieces is None or not 0 <= index < len(pieces):
+            shipper.answer(number, None, KeyError(f"no piece {index} of answer {kept} "
+                                                  "(let go, or never made)"))
+        else:
+            shipper.answer(number, pieces[index])
+    elif kind == "release":
+        shipper.kept.pop(message[1], None)
     elif kind == "analyse":
         _, number, function, args = message
         builder = ingest.builder
@@ -769,6 +775,8 @@ class _Shipper:
         self.shipped = dict.fromkeys(self.store.lengths(), 0)
         self.last = 0.0
         self.summary: dict[str, Any] = {}
+        #: Answers in pieces, by number, until the scheduler lets them go.
+        self.kept: OrderedDict[int, Pieces] = OrderedDict()
 
     def ship(self, due: bool = False) -> None:
         """Send what is new: now, or if ``due``, once :data:`SHIP_INTERVAL` passed or
@@ -816,12 +824,16 @@ class _Shipper:
             self.connection.send(("spooled", *spooled.wait_last()))
 
     def answer(self, number: int, value: Any, error: Exception | None = None) -> None:
-        if isinstance(value, Pieces):  # each piece, then the rest
-            for piece in value:
-                self.connection.send(("piece", number, piece))
-            value = Pieces([], value.head)
+        """Send the answer to question ``number``; one in :class:`Pieces` is kept, and
+        only its length and head are sent (the pieces are asked for one by one)."""
         try:
-            self.connection.send(("answer", number, value, error))
+            if isinstance(value, Pieces):
+                self.connection.send(("kept", number, len(value), value.head))
+                self.kept[number] = value
+                while len(self.kept) > KEPT_MAX:
+                    self.kept.popitem(last=False)
+            else:
+                self.connection.send(("answer", number, value, error))
         except (pickle.PicklingError, TypeError, AttributeError) as failure:
             self.connection.send(("answer", number, None, RuntimeError(
                 f"the graph process could not send its answer: {failure!r}")))

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import pickle
 import time
 import uuid
 from collections import OrderedDict
@@ -25,10 +24,11 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
-from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone, Pieces
+from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
 from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES_HANDLER, PLUGIN_NAME, key_string
 from crux_dask.plugins.spool import Spool
+from crux_dask.plugins.staging import KeptPieces, Pieces, Staging
 from crux_dask.plugins.tasks import TASK
 from crux_dask.plugins.transitions import TransitionLog
 
@@ -143,7 +143,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
         # Graphs cut into pieces for clients to fetch: token -> pieces.
-        self.staged: OrderedDict[str, list[bytes]] = OrderedDict()
+        self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
         self.attached_at = time.time()
@@ -290,26 +290,27 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """
         return self.spool.read(run_id)
 
-    async def spooled_pieces(self) -> list[list[bytes]]:
+    async def spooled_pieces(self) -> Pieces | KeptPieces:
         """Every spooled segment, read back and cut into pieces
-        (:meth:`PAGStore.to_pieces`), oldest first.
+        (:meth:`PAGStore.to_pieces`), oldest first; their head: how many pieces
+        each segment's store has.
 
-        Read where the graph is built, in its own process if it has one (and
-        sent a piece per message), else in a thread.  Read in a thread of the
-        scheduler's process, four segments of 200,000 states held the event
-        loop 120-150 ms: the loop waited for the interpreter each time it let
-        go of it, a dozen times in each of distributed's system monitor reads.
+        Read where the graph is built, in its own process if it has one (which
+        keeps them, see :class:`~crux_dask.plugins.staging.KeptPieces`), else in
+        a thread.  Read in a thread of the scheduler's process, four segments
+        of 200,000 states held the event loop 120-150 ms: the loop waited for
+        the interpreter each time it let go of it, a dozen times in each of
+        distributed's system monitor reads.
         """
         run_ids = self.spool.run_ids
         if not run_ids:
-            return []
+            return Pieces([], [])
         if self.graph_apart:
             with contextlib.suppress(GraphProcessGone):
-                cut = await self.ingest.analyse(spooled_graph_pieces, self.spool.directory,
-                                                run_ids)
-                return split_pieces(cut, cut.head)
+                return await self.ingest.analyse(spooled_graph_pieces, self.spool.directory,
+                                                 run_ids)
         return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: [store.to_pieces() for store in self.spool.stores()])
+            None, lambda: stores_in_pieces(self.spool.stores()))
 
     def scopes(self) -> list[Scope]:
         """The computations and spans the scheduler remembers, oldest first."""
@@ -331,25 +332,25 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: function(store, end, *args))
 
-    async def pieces(self) -> tuple[int, list[bytes]]:
-        """The graph applied so far, cut into pieces (:meth:`PAGStore.to_pieces`), and its
-        end state.
+    async def pieces(self) -> Pieces | KeptPieces:
+        """The graph applied so far, cut into pieces (:meth:`PAGStore.to_pieces`); their
+        head: its end state.
 
-        Cut where the graph is built, in its own process if it has one (and
-        sent a piece per message), else in a thread while events go on being
-        applied.  A thread of the scheduler's process that cuts a million
-        states holds its interpreter for a second, and the event loop waits
-        for it each time it lets go: distributed's system monitor, which reads
-        a dozen files, then held the loop 70-110 ms.
+        Cut where the graph is built, in its own process if it has one (which
+        keeps them, see :class:`~crux_dask.plugins.staging.KeptPieces`), else in
+        a thread while events go on being applied.  A thread of the
+        scheduler's process that cuts a million states holds its interpreter
+        for a second, and the event loop waits for it each time it lets go:
+        distributed's system monitor, which reads a dozen files, then held the
+        loop 70-110 ms.
         """
         if self.graph_apart:
             with contextlib.suppress(GraphProcessGone):
-                cut = await self.ingest.analyse(graph_pieces)
-                return cut.head, cut
+                return await self.ingest.analyse(graph_pieces)
         store, end = self.builder.store, self.builder.end
         upto = store.lengths()
-        return end, await asyncio.get_running_loop().run_in_executor(None, store.to_pieces,
-                                                                     upto)
+        return Pieces(await asyncio.get_running_loop().run_in_executor(None, store.to_pieces,
+                                                                      upto), end)
 
     async def snapshot(self) -> tuple[PAGStore, int]:
         """A copy of the graph applied so far and its end state.
@@ -362,34 +363,40 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         copy = await asyncio.get_running_loop().run_in_executor(None, store.copy, upto)
         return copy, end
 
-    def stage(self, pieces: list[Any]) -> str:
-        """Keep ``pieces`` for a client to fetch one at a time; their token.
+    def stage(self, parts: list[Pieces | KeptPieces]) -> str:
+        """Keep ``parts`` for a client to fetch one piece at a time, as one
+        :class:`~crux_dask.plugins.staging.Staging`; their token.
 
-        A piece that is not ``bytes`` is pickled when it is fetched: pickling
-        is spread over the fetches, a piece per message, on the event loop.
-
-        The oldest of more than :data:`STAGED_MAX` stagings is dropped (a
-        client that went away before it fetched everything).
+        The oldest of more than :data:`STAGED_MAX` stagings is let go (a client
+        that went away before it fetched everything).
         """
         token = uuid.uuid4().hex
-        self.staged[token] = pieces
+        self.staged[token] = Staging(parts)
         while len(self.staged) > STAGED_MAX:
-            self.staged.popitem(last=False)
+            self.staged.popitem(last=False)[1].release()
         return token
 
-    def staged_piece(self, token: str, index: int) -> bytes:
+    async def staged_piece(self, token: str, index: int) -> bytes:
         """Piece ``index`` of a staging; the staging goes with its last piece.
 
         Raises
         ------
         KeyError
-            If the staging is unknown or was dropped.
+            If the staging is unknown or was let go.
+        GraphProcessGone
+            If the process that keeps the pieces is gone (the staging goes too).
         """
-        pieces = self.staged[token]
-        if index == len(pieces) - 1:
-            del self.staged[token]
-        piece = pieces[index]
-        return piece if isinstance(piece, bytes) else pickle.dumps(piece, protocol=5)
+        staging = self.staged[token]
+        last = index == len(staging) - 1
+        try:
+            return await staging.fetch(index)
+        except Exception:  # the client is told; it stages again if it can
+            last = True
+            raise
+        finally:
+            if last:
+                self.staged.pop(token, None)
+                staging.release()
 
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""
@@ -440,8 +447,14 @@ def spooled_graph_pieces(store: PAGStore, end: int, directory: str, run_ids: lis
     (the live graph, ``store`` and ``end``, is not read)."""
     from crux_dask.provenance import read_dataset
 
-    parts = [segment.to_pieces() for run_id in run_ids
-             for segment in read_dataset(directory, run_id).stores]
+    return stores_in_pieces([segment for run_id in run_ids
+                             for segment in read_dataset(directory, run_id).stores])
+
+
+def stores_in_pieces(stores: list[PAGStore]) -> Pieces:
+    """Each of ``stores`` cut into pieces, one after the other; their head: how many
+    pieces each store has."""
+    parts = [store.to_pieces() for store in stores]
     return Pieces([piece for part in parts for piece in part], [len(part) for part in parts])
 
 

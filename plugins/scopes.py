@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
 
-from crux_dask.plugins.graph_process import Pieces
+from crux_dask.plugins.staging import Pieces
 from crux_dask.scopes import Scope, key_groups, scope_path, scopes_frame
 from crux_dask.wcp import critical_path
 

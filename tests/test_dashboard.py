@@ -632,20 +632,20 @@ async def test_a_long_path_is_written_a_piece_at_a_time(c, s, a, b):
     """The JSON of a path is made and cut where it is computed, and written a piece per
     write: whole, the same JSON."""
     from crux_dask.dashboard import api
-    from crux_dask.plugins import graph_process
+    from crux_dask.plugins import staging
 
     await crux_dask.attach(c)
     assert await c.compute(chain(100)) == 100
     path = await crux_dask.get_wcp(c)
     writes = []
     write = api.WCPHandler.write
-    piece_bytes, graph_process.PIECE_BYTES = graph_process.PIECE_BYTES, 2048
+    piece_bytes, staging.PIECE_BYTES = staging.PIECE_BYTES, 2048
     api.WCPHandler.write = lambda handler, chunk: (writes.append(len(chunk)),
                                                    write(handler, chunk))[1]
     try:
         code, body = await fetch(s, "/crux/api/v1/wcp")
     finally:
-        graph_process.PIECE_BYTES, api.WCPHandler.write = piece_bytes, write
+        staging.PIECE_BYTES, api.WCPHandler.write = piece_bytes, write
     assert code == 200 and len(writes) > 10 and max(writes) == 2048
     wcp = json.loads(body)
     assert [step["key"] for step in wcp["steps"]] == path.steps["key"].tolist()

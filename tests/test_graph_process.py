@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
 from crux_dask.plugins.graph_process import SHIP_STATES, Frames, GraphMirror, GraphProcess
+from crux_dask.plugins.staging import PIECES_AHEAD, KeptPieces, Pieces, Staging
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
 
@@ -156,22 +157,100 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
 
 
 @gen_cluster(client=True)
-async def test_a_graph_comes_from_its_process_a_piece_per_message(c, s, a, b):
-    """Cut where it is built, the graph reaches the scheduler a piece per message (not in
-    one message the scheduler would unpickle at once): the same graph as its copy there."""
+async def test_a_graph_reaches_the_client_from_its_process_a_few_pieces_at_a_time(c, s, a, b):
+    """The graph is cut where it is built and kept there: the scheduler asks for each
+    piece as the client fetches it, and for the next few meanwhile, so that it never
+    holds more than those; then it tells the process to let them go.  The client gets
+    the scheduler's copy of the graph."""
     await crux_dask.attach(c)
     assert await c.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(20)])) == 210
-    await crux_dask.get_wcp(c)  # every event applied
+    await crux_dask.flush(c)
     crux = s.plugins["crux"]
-    kinds = []
-    receive = crux.ingest._on_message
-    crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
-    end, pieces = await crux.pieces()
-    assert kinds.count("piece") == len(pieces) > 1 and kinds.count("answer") == 1
-    store, mirror = PAGStore.from_pieces(pieces), crux.builder.store
-    assert end == crux.builder.end and store.n_states == mirror.n_states > 20
+    assert crux.graph_apart
+    held, most, asked = [0], [0], []
+    receive, post, fetch = crux.ingest._on_message, crux.ingest._post, KeptPieces.fetch
+
+    def on_message(message: tuple) -> None:
+        if message[0] == "answer" and isinstance(message[2], bytes):  # a piece
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+        receive(message)
+
+    async def fetched(self: KeptPieces, index: int) -> bytes:
+        piece = await fetch(self, index)
+        held[0] -= 1
+        return piece
+
+    crux.ingest._on_message = on_message
+    crux.ingest._post = lambda message: (asked.append(message[0]), post(message))[1]
+    KeptPieces.fetch = fetched
+    try:
+        pag = await crux_dask.get_pag(c)
+    finally:
+        KeptPieces.fetch = fetch
+    mirror = crux.builder.store
     every = np.arange(mirror.n_states)
-    assert store.states_frame(every).equals(mirror.states_frame(every))
+    assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
+    assert len(pag.mutations) == mirror.n_mutations > 20
+    n_pieces = len(mirror.to_pieces())
+    assert asked.count("piece") == n_pieces > 2 * PIECES_AHEAD and asked.count("release") == 1
+    assert 1 <= most[0] <= PIECES_AHEAD + 1 and held[0] == 0 and crux.staged == {}
+
+
+@gen_cluster(client=True)
+async def test_a_piece_of_an_answer_let_go_is_refused_and_the_process_goes_on(c, s, a, b):
+    await crux_dask.attach(c)
+    assert await c.submit(inc, 1, key="one") == 2
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    kept = await crux.pieces()
+    assert isinstance(kept, KeptPieces) and kept.head == crux.builder.end
+    assert PAGStore.from_pieces(await kept.fetch_all()).n_states == crux.builder.store.n_states
+    kept.release()
+    with pytest.raises(KeyError, match="let go"):
+        await kept.fetch(1)
+    with pytest.raises(IndexError):
+        await kept.fetch(len(kept))
+    assert crux.graph_apart and "one" in set((await crux_dask.get_pag(c)).states["key"])
+
+
+def test_a_staging_reads_its_parts_as_one_sequence():
+    """Pieces of several parts, fetched by their place in the whole; what is not bytes
+    is pickled as it is fetched."""
+    parts = [Pieces([b"a", {"b": 1}]), Pieces(), Pieces([b"c"]), Pieces([b"d", b"e"])]
+    staging = Staging(parts)
+    whole = [piece for part in parts for piece in part]
+    assert len(staging) == len(whole) == 5
+    fetched = [asyncio.run(staging.fetch(index)) for index in range(len(staging))]
+    assert fetched == [b"a", pickle.dumps({"b": 1}, protocol=5), b"c", b"d", b"e"]
+    for index in (-1, 5):
+        with pytest.raises(IndexError):
+            asyncio.run(staging.fetch(index))
+
+
+@gen_cluster(client=True)
+async def test_a_fetch_cut_short_by_the_graph_process_s_death_is_made_again(c, s, a, b):
+    """If the graph process dies while the client fetches the pieces it keeps, the client
+    gets the graph all the same, staged again from the scheduler's copy."""
+    await crux_dask.attach(c)
+    assert await c.compute(chain(50)) == 50
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    fetch = crux.staged_piece
+
+    async def staged_piece(token: str, index: int) -> bytes:
+        if index == 3 and crux.ingest.alive:
+            os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
+            await async_poll_for(lambda: not crux.ingest.alive, timeout=10)
+        return await fetch(token, index)
+
+    crux.staged_piece = staged_piece
+    pag = await crux_dask.get_pag(c)
+    assert not crux.ingest.alive and crux.staged == {}
+    mirror = crux.builder.store
+    every = np.arange(mirror.n_states)
+    assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
+    assert len(pag.mutations) == mirror.n_mutations and mirror.n_states > 50
 
 
 @gen_cluster(client=True)
@@ -193,7 +272,7 @@ async def test_a_question_that_cannot_travel_fails_only_its_asker(c, s, a, b):
 async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
     """A path is pickled where it is computed and cut into pieces, which the client fetches
     one per message: the scheduler never holds nor replies with one large buffer."""
-    from crux_dask.plugins import graph_process
+    from crux_dask.plugins import staging
     from crux_dask.wcp import critical_path
 
     await crux_dask.attach(c)
@@ -202,13 +281,13 @@ async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
     crux = s.plugins["crux"]
     staged = []
     stage = crux.stage
-    crux.stage = lambda pieces: (staged.append([len(piece) for piece in pieces]),
-                                 stage(pieces))[1]
-    piece_bytes, graph_process.PIECE_BYTES = graph_process.PIECE_BYTES, 4096
+    crux.stage = lambda parts: (staged.append([len(p) for part in parts for p in part]),
+                                stage(parts))[1]
+    piece_bytes, staging.PIECE_BYTES = staging.PIECE_BYTES, 4096
     try:
         path = await crux_dask.get_wcp(c)
     finally:
-        graph_process.PIECE_BYTES = piece_bytes
+        staging.PIECE_BYTES = piece_bytes
     (sizes,) = staged
     assert len(sizes) > 10 and max(sizes) == 4096 and crux.staged == {}  # all fetched
     expected = critical_path(crux.builder.store, default_end=crux.builder.end)
@@ -220,7 +299,9 @@ async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
 async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_message(
         c, s, a, b):
     """For an export, the segments spooled to disk are read back and cut where they
-    were written, and reach the scheduler a piece per message: as they are on disk."""
+    were written, and kept there: only how many pieces each has reaches the scheduler,
+    then a piece per message as they are fetched, as they are on disk."""
+    from crux_dask.plugins.scheduler import split_pieces
     from crux_dask.provenance import read_dataset
 
     await crux_dask.attach(c)
@@ -231,13 +312,16 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
     kinds = []
     receive = crux.ingest._on_message
     crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
-    parts = await crux.spooled_pieces()
-    assert kinds.count("piece") == sum(map(len, parts)) and kinds.count("answer") == 1
+    kept = await crux.spooled_pieces()
+    assert isinstance(kept, KeptPieces) and kinds == ["kept"]
+    pieces = await kept.fetch_all()
+    kept.release()
+    assert kinds.count("answer") == len(pieces) == sum(kept.head)
     on_disk = [store for run_id in crux.spool.run_ids
                for store in read_dataset(crux.spool.directory, run_id).stores]
-    assert len(parts) == len(on_disk)
-    for pieces, written in zip(parts, on_disk):
-        store = PAGStore.from_pieces(pieces)
+    assert len(kept.head) == len(on_disk)
+    for part, written in zip(split_pieces(pieces, kept.head), on_disk, strict=True):
+        store = PAGStore.from_pieces(part)
         every = np.arange(written.n_states)
         assert store.n_states == written.n_states > 0
         assert store.states_frame(every).equals(written.states_frame(every))

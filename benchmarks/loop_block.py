@@ -53,11 +53,13 @@ With ``--max-states N``, the scheduler spools its graph to disk past ``N``
 states (``crux-dask.max-states``): the export then reads the spooled segments
 back too.
 
-With ``--why``, a thread of the scheduler notes where its event loop's
-thread is every half millisecond, and the places seen most often in the
-longest stretch of each phase are printed with it, and so is the longest
-callback the loop ran in the phase (a stretch can be one callback, or
-several run in the same turn of the loop).
+Each callback the scheduler's event loop runs is timed: those of over 0.2 ms
+run in the longest stretch of each phase are printed with it, and so is the
+longest callback of the phase (a stretch can be one callback, or several run
+in the same turn of the loop).  With ``--why``, a thread of the scheduler also
+notes where the loop's thread is every half millisecond (holding the
+interpreter itself, which makes stretches longer), and the places seen most
+often in the longest stretch of each phase are printed with it.
 
 Usage: ``python benchmarks/loop_block.py [--tasks N] [--browser] [--max-states N]
 [--graph-process false] [--why]``
@@ -122,7 +124,7 @@ def _asked_by_bokeh_discard() -> str | None:
 
 _RESET = {"longest": 0.0, "ran": 0.0, "queued": 0.0, "gc": 0.0, "discard": 0.0,
           "discarded": "", "others": 0.0, "where": "", "callback": 0.0, "callback_of": "",
-          "faults": 0}
+          "faults": 0, "callbacks": ""}
 #: Seconds between two looks at where the event loop's thread is (``--why``).
 SAMPLE_EVERY = 0.0005
 
@@ -207,18 +209,18 @@ async def start_watch(dask_scheduler, why: bool = False) -> None:
     if why:
         threading.Thread(target=_sampler, args=(threading.get_ident(), samples),
                          daemon=True, name="loop-sampler").start()
-        run = asyncio.events.Handle._run
+    run = asyncio.events.Handle._run
 
-        def timed(handle: asyncio.Handle) -> None:  # every callback the loop runs
-            started = time.perf_counter()
-            run(handle)
-            seconds = time.perf_counter() - started
-            if seconds > 0.0002:
-                callbacks.append((started, seconds, handle._callback))
-            if seconds > state["callback"]:
-                state["callback"], state["callback_of"] = seconds, _name(handle._callback)
+    def timed(handle: asyncio.Handle) -> None:  # every callback the loop runs
+        started = time.perf_counter()
+        run(handle)
+        seconds = time.perf_counter() - started
+        if seconds > 0.0002:
+            callbacks.append((started, seconds, handle._callback))
+        if seconds > state["callback"]:
+            state["callback"], state["callback_of"] = seconds, _name(handle._callback)
 
-        asyncio.events.Handle._run = timed
+    asyncio.events.Handle._run = timed
 
     async def watch() -> None:
         last, last_times = time.perf_counter(), ran_and_queued()
@@ -234,8 +236,8 @@ async def start_watch(dask_scheduler, why: bool = False) -> None:
                 state["ran"] = (times[0] - last_times[0]) / 1e9
                 state["queued"] = (times[1] - last_times[1]) / 1e9
                 state["faults"] = times[2] - last_times[2]
-                state["where"] = (_where(samples, last) + "\n      callbacks run: "
-                                  + _callbacks(callbacks, last)) if why else ""
+                state["where"] = _where(samples, last) if why else ""
+                state["callbacks"] = _callbacks(callbacks, last)
             last, last_times = now, times
 
     state["task"] = asyncio.ensure_future(watch())
@@ -425,6 +427,8 @@ def describe(measured: dict) -> str:
             f"session {measured['discard'] * 1e3:.1f} ms{whose}{others}"
             + (f"\n      page faults of the loop's thread in it: {measured['faults']}; "
                f"where: {measured['where']}" if measured["where"] else "")
+            + (f"\n      callbacks run in it: {measured['callbacks']}"
+               if measured["callbacks"] else "")
             + (f"\n      longest callback {measured['callback'] * 1e3:.1f} ms: "
                f"{measured['callback_of']}" if measured["callback_of"] else ""))
 

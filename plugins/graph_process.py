@@ -88,11 +88,11 @@ _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected
                      "file_lists_received", "file_lists_rejected")
 #: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
 _QUESTIONS = frozenset({"drain", "external", "analyse", "pages", "piece"})
-#: The counts the process keeps, reported with what it sends.
 #: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
 #: the oldest beyond are let go.  The scheduler lets go of what it no longer reads (and
 #: keeps at most ``STAGED_MAX`` stagings, of two answers each): this bounds the rest.
 KEPT_MAX = 16
+#: The counts the process keeps, reported with what it sends.
 _PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",
                    "file_lists_unmatched")
 
@@ -599,7 +599,7 @@ class GraphProcess(Recorder):
             _, number, count, head = message
             future = self._answers.pop(number, None)
             if future is None or future.done():  # the asker went away
-                self._post(("release", number))
+                self._let_go(number)
             else:
                 future.set_result(KeptPieces(functools.partial(self._ask, "piece", number),
                                              functools.partial(self._let_go, number),

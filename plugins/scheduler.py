@@ -142,7 +142,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
-        # Graphs cut into pieces for clients to fetch: token -> pieces.
+        # Graphs cut into pieces for clients to fetch: token -> staging.
         self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)

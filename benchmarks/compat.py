@@ -59,6 +59,8 @@ CONFIGS = ("without", "with")
 #: Outcomes from best to worst; a test reported twice (a teardown error after a
 #: pass) keeps the worst.
 OUTCOMES = ("passed", "skipped", "failed", "error")
+#: Tests printed per module whose time grew most with Crux: what its wall time is made of.
+SLOWED_SHOWN = 3
 
 
 @dataclass
@@ -73,11 +75,15 @@ class Run:
         Wall seconds of the pytest process.
     returncode : int
         pytest's exit status (1 when tests failed; 2 to 5 when it could not run).
+    seconds : dict of str to float
+        Seconds each test took, by node id, as pytest reports them (its setup
+        and teardown included).
     """
 
     outcomes: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
     returncode: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def count(self, *outcomes: str) -> int:
         """How many tests had one of ``outcomes``."""
@@ -140,11 +146,12 @@ def ensure_tls_certificates(python: str) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def parse_junit(path: Path) -> dict[str, str]:
-    """Outcome of each test of a JUnit XML report, by pytest node id."""
+def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, float]]:
+    """Outcome of each test of a JUnit XML report, and its seconds, by pytest node id."""
     outcomes: dict[str, str] = {}
+    seconds: dict[str, float] = {}
     if not path.exists():
-        return outcomes
+        return outcomes, seconds
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
         node = node_id(case.get("classname", ""), case.get("name", ""))
@@ -154,7 +161,8 @@ def parse_junit(path: Path) -> dict[str, str]:
         previous = outcomes.get(node)
         if previous is None or OUTCOMES.index(outcome) > OUTCOMES.index(previous):
             outcomes[node] = outcome
-    return outcomes
+        seconds[node] = seconds.get(node, 0.0) + float(case.get("time") or 0.0)
+    return outcomes, seconds
 
 
 def node_id(classname: str, name: str) -> str:
@@ -209,7 +217,8 @@ def run_pytest(python: str, config: str, targets: list[str], timeout: float,
         result = subprocess.run(command, cwd=workdir, env=environment(config), stdout=out,
                                 stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
-    return Run(parse_junit(report), wall, result.returncode)
+    outcomes, seconds = parse_junit(report)
+    return Run(outcomes, wall, result.returncode, seconds)
 
 
 def passing(outcome: str | None) -> bool:
@@ -226,6 +235,14 @@ def differing(without: Run, with_: Run) -> list[tuple[str, str, str]]:
         if a != b:
             rows.append((node, a, b))
     return rows
+
+
+def grown_most(without: Run, with_: Run, count: int = SLOWED_SHOWN
+               ) -> list[tuple[str, float, float]]:
+    """The ``count`` tests whose seconds grew most with Crux: ``(node id, without, with)``."""
+    both = set(without.seconds) & set(with_.seconds)
+    return sorted(((node, without.seconds[node], with_.seconds[node]) for node in both),
+                  key=lambda row: row[1] - row[2])[:count]
 
 
 def rerun(python: str, node: str, reruns: int, timeout: float,
@@ -314,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print_table(runs)
+    print(f"\nThe {SLOWED_SHOWN} tests of each module whose time grew most with crux "
+          "(seconds without -> with):")
+    for module, pair in runs.items():
+        grown = ", ".join(f"{node.rsplit('::', 1)[-1]} {a:.1f} -> {b:.1f}"
+                          for node, a, b in grown_most(pair["without"], pair["with"]))
+        print(f"  {module.removeprefix('distributed.')}: {grown or 'none'}")
     rows = [(module, *row) for module, pair in runs.items()
             for row in differing(pair["without"], pair["with"])]
     print()

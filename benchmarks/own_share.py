@@ -1,0 +1,129 @@
+"""The share of the scheduler's and the workers' Python time spent in Crux's own code.
+
+CPU seconds measured side by side (``overhead.py``) hold everything Crux
+costs, its effects on distributed's own work included, but on a small shared
+machine they vary by more than the few per cent to be told apart.  This
+measures the direct part alone, in one run: a sampling profiler (py-spy,
+``pip install py-spy``) takes the stack of the thread holding the
+interpreter's lock, ``--rate`` times a second, in the scheduler and in each
+worker while they run :func:`overhead.run_tiny`'s graph of tiny tasks (with
+Crux preloaded, started as ``overhead.py`` starts them); a sample counts as
+Crux's if any frame of its stack is in Crux's code.  The same is done with
+Dask's ``TaskStreamPlugin`` instead, whose share is that of its module.
+
+What it leaves out: work distributed does because of Crux (serializing what
+a worker adds to a task's metadata, collecting Crux's garbage) and what
+Crux's graph process, on another core, takes from the machine.  Time spent
+without the lock (in system calls, waiting) is not sampled: the shares are
+of the time the process ran Python.
+
+Usage: ``python benchmarks/own_share.py [--tasks N] [--rate HZ]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import cloudpickle
+
+sys.path.insert(0, str(Path(__file__).parent))
+import overhead
+
+# The functions overhead.py runs on the cluster go by value: the scheduler and the
+# workers do not import it.
+cloudpickle.register_pickle_by_value(overhead)
+
+#: Functions printed per process, most samples first.
+SHOWN = 5
+
+
+def own_directories(config: str) -> list[str]:
+    """Where the code of ``config`` is: Crux's packages, or Dask's task stream module."""
+    if config == "task-stream":
+        from distributed.diagnostics import task_stream
+
+        return [task_stream.__file__]
+    import crux_dask
+    import crux_dask.dashboard
+    import crux_dask.plugins
+
+    return [str(Path(module.__file__).parent) + "/"
+            for module in (crux_dask, crux_dask.plugins, crux_dask.dashboard)]
+
+
+def read_samples(path: Path, own: list[str]) -> tuple[int, int, collections.Counter]:
+    """Samples in all, those with a frame in ``own``, and the outermost such frame's
+    function of each (with the function that called it)."""
+    total = mine = 0
+    where: collections.Counter = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        frames = stack.split(";")
+        for depth, frame in enumerate(frames):
+            if any(f"({place}" in frame for place in own):
+                mine += int(count)
+                caller = frames[depth - 1].split(" (")[0] if depth else "-"
+                where[f"{frame.split(' (')[0]} <- {caller}"] += int(count)
+                break
+    return total, mine, where
+
+
+def measure(config: str, tasks: int, rate: int, py_spy: str) -> None:
+    own = own_directories(config)
+    with tempfile.TemporaryDirectory() as directory:
+        workdir = Path(directory)
+        cluster = overhead.Cluster(config, workdir)
+        try:
+            cluster.settle()
+            overhead.run_tiny(cluster.client, tasks // 4)  # warm: imports, first connections
+            cluster.settle()
+            processes = {"scheduler": cluster.scheduler.pid,
+                         **{f"worker {i}": w.pid for i, w in enumerate(cluster.workers)}}
+            samplers = {name: subprocess.Popen(
+                [py_spy, "record", "--pid", str(pid), "--rate", str(rate), "--gil",
+                 "--nonblocking", "--full-filenames", "--format", "raw",
+                 "-o", str(workdir / f"{pid}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for name, pid in processes.items()}
+            overhead.run_tiny(cluster.client, tasks)
+            cluster.settle()
+            for sampler in samplers.values():
+                sampler.send_signal(signal.SIGINT)
+            for sampler in samplers.values():
+                sampler.wait(timeout=60)
+            for name, pid in processes.items():
+                total, mine, where = read_samples(workdir / f"{pid}.txt", own)
+                print(f"  {config:<12} {name:<9} {mine:5d} of {total:6d} samples = "
+                      f"{100 * mine / max(total, 1):5.2f} %")
+                for function, count in where.most_common(SHOWN):
+                    print(f"      {count:5d}  {function}")
+        finally:
+            cluster.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=9000)
+    parser.add_argument("--rate", type=int, default=500, help="samples a second")
+    args = parser.parse_args()
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy is None:
+        raise SystemExit("this needs py-spy: pip install py-spy")
+    print(f"{args.tasks:,} tiny tasks, 2 worker processes of one thread; samples of the thread "
+          f"holding the interpreter's lock, {args.rate} a second:")
+    for config in ("crux", "task-stream"):
+        measure(config, args.tasks, args.rate, py_spy)
+
+
+if __name__ == "__main__":
+    main()

@@ -214,6 +214,28 @@ async def test_a_piece_of_an_answer_let_go_is_refused_and_the_process_goes_on(c,
     assert crux.graph_apart and "one" in set((await crux_dask.get_pag(c)).states["key"])
 
 
+@gen_cluster(client=True)
+async def test_stagings_a_client_never_fetched_are_let_go_in_the_process(c, s, a, b):
+    """Past STAGED_MAX stagings, the oldest goes, and the process is told to let go of
+    the pieces it kept for it; the newest can still be fetched."""
+    from crux_dask.plugins.api import _stage_pag_on_scheduler
+    from crux_dask.plugins.scheduler import STAGED_MAX
+
+    await crux_dask.attach(c)
+    assert await c.submit(inc, 1, key="one") == 2
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    posted = []
+    post = crux.ingest._post
+    crux.ingest._post = lambda message: (posted.append(message[0]), post(message))[1]
+    tokens = [(await _stage_pag_on_scheduler(s))[0] for _ in range(STAGED_MAX + 2)]
+    assert list(crux.staged) == tokens[2:] and posted.count("release") == 2
+    newest = crux.staged[tokens[-1]]
+    pieces = [await crux.staged_piece(tokens[-1], i) for i in range(len(newest))]
+    assert PAGStore.from_pieces(pieces[1:]).n_states == crux.builder.store.n_states
+    assert tokens[-1] not in crux.staged and posted.count("release") == 3
+
+
 def test_a_staging_reads_its_parts_as_one_sequence():
     """Pieces of several parts, fetched by their place in the whole; what is not bytes
     is pickled as it is fetched."""

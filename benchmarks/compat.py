@@ -241,8 +241,9 @@ def grown_most(without: Run, with_: Run, count: int = SLOWED_SHOWN
                ) -> list[tuple[str, float, float]]:
     """The ``count`` tests whose seconds grew most with Crux: ``(node id, without, with)``."""
     both = set(without.seconds) & set(with_.seconds)
-    return sorted(((node, without.seconds[node], with_.seconds[node]) for node in both),
-                  key=lambda row: row[1] - row[2])[:count]
+    grown = [(node, without.seconds[node], with_.seconds[node]) for node in both
+             if with_.seconds[node] > without.seconds[node]]
+    return sorted(grown, key=lambda row: row[1] - row[2])[:count]
 
 
 def rerun(python: str, node: str, reruns: int, timeout: float,

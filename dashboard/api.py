@@ -16,10 +16,11 @@ on a copy of the graph.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -85,9 +86,11 @@ class CruxHandler(web.RequestHandler):
             raise BadParameter(name, f"{name} must be at least {minimum}, got {raw!r}")
         return value
 
-    async def finish_in_pieces(self, pieces: Pieces | KeptPieces) -> None:
-        """Send a body made where the graph is built, in pieces, a piece per write
-        (503 if the graph process, which keeps them, is gone before the first)."""
+    async def finish_in_pieces(self, pieces: Pieces | KeptPieces,
+                               again: Callable[[], Awaitable[Pieces | KeptPieces]]) -> None:
+        """Send a body made where the graph is built, in pieces, a piece per write.  If
+        the graph process, which keeps them, is gone before the first, the body is made
+        ``again()`` (by the scheduler then, on its copy of the graph)."""
         sent = 0
 
         async def send(piece: bytes) -> None:
@@ -97,13 +100,13 @@ class CruxHandler(web.RequestHandler):
             await self.flush()
 
         try:
-            await fetched(pieces, send)
+            try:
+                await fetched(pieces, send)
+            except GraphProcessGone:
+                if sent:  # the body is cut short: the error is logged
+                    raise
+                await fetched(await again(), send)
         except StreamClosedError:  # the client went away
-            return
-        except GraphProcessGone as error:
-            if sent:  # the body is cut short: the error is logged
-                raise
-            self.fail(503, str(error))
             return
         self.finish()
 
@@ -335,24 +338,26 @@ class WCPHandler(CruxHandler):
             method = self.method()
             if whole:
                 start, end = self.state("start"), self.state("end")
+                make = functools.partial(self.plugin.analyse, path_json, method,
+                                         path_of_graph, start, end, method)
                 try:
-                    body = await self.plugin.analyse(path_json, method, path_of_graph, start,
-                                                     end, method)
+                    body = await make()
                 except ValueError as error:
                     raise BadParameter("start" if start is not None else "end",
                                        str(error)) from None
             else:
                 scope = select(self.plugin.scopes(), self.number("computation", int),
                                self.get_argument("span", None))
-                body = await self.plugin.analyse(path_json, method, path_of_scope, scope,
-                                                 method)
+                make = functools.partial(self.plugin.analyse, path_json, method,
+                                         path_of_scope, scope, method)
+                body = await make()
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
             return
         except ValueError as error:
             self.fail(400, str(error), "span" if "span" in str(error) else "computation")
             return
-        await self.finish_in_pieces(body)
+        await self.finish_in_pieces(body, make)
 
     def method(self) -> str:
         method = self.get_argument("method", "observed")
@@ -384,8 +389,8 @@ def computations_json(store: PAGStore, end: int, scopes: list) -> Pieces:
 
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
-        await self.finish_in_pieces(await self.plugin.analyse(computations_json,
-                                                              self.plugin.scopes()))
+        make = functools.partial(self.plugin.analyse, computations_json, self.plugin.scopes())
+        await self.finish_in_pieces(await make(), make)
 
 
 class StatsHandler(CruxHandler):

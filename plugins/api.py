@@ -248,11 +248,11 @@ async def _fetch_staged(client: Client, stage: Any
 
 async def _fetched(client: Client, stage: Any, **kwargs: Any) -> list[bytes]:
     """The pieces ``stage`` (run on the scheduler with ``kwargs``) staged, a piece per
-    message.  If the graph process, which keeps them, dies meanwhile, they are staged
-    again, once: from what the scheduler holds."""
+    message.  If they are gone meanwhile (the graph process that kept them died, or the
+    staging was let go for newer ones), they are staged again, once."""
     try:
         return await _fetch(client, *await client.run_on_scheduler(stage, **kwargs))
-    except GraphProcessGone:
+    except (GraphProcessGone, KeyError):
         return await _fetch(client, *await client.run_on_scheduler(stage, **kwargs))
 
 
@@ -280,15 +280,23 @@ async def _stage(plugin: CruxSchedulerPlugin, spooled: Pieces | KeptPieces,
 
     The graphs are cut into pieces of half a megabyte where they are built or
     spooled (:meth:`~CruxSchedulerPlugin.pieces`,
-    :meth:`~CruxSchedulerPlugin.spooled_pieces`), and kept there until they are
-    fetched; the pieces of ``head`` are pickled one at a time as they are
-    fetched.  The client fetches one piece per message, so that the event loop
-    never serializes much at once, nor holds more than a few pieces.  Returns
-    the token and the number of pieces.
+    :meth:`~CruxSchedulerPlugin.spooled_pieces`): in the graph process, which
+    keeps them until they are fetched, or in a thread of the scheduler's.  The
+    pieces of ``head`` are pickled one at a time as they are fetched.  The
+    client fetches one piece per message, so that the event loop never
+    serializes much at once (nor holds more than a few pieces the graph
+    process keeps).  Returns the token and the number of pieces.
     """
-    live = await plugin.pieces()
-    made, extra = head(live.head)
-    first = pickle.dumps((made, len(extra), [*spooled.head, len(live)]))
+    live = None
+    try:
+        live = await plugin.pieces()
+        made, extra = head(live.head)
+        first = pickle.dumps((made, len(extra), [*spooled.head, len(live)]))
+    except BaseException:  # what the process keeps for this staging is let go
+        spooled.release()
+        if live is not None:
+            live.release()
+        raise
     return _staged(plugin, Pieces([first, *extra]), spooled, live)
 
 

@@ -316,6 +316,7 @@ class GraphProcess(Recorder):
         """Stop the process and the threads, waiting at most ``timeout`` seconds for
         the process to finish what it was doing (it is killed after that)."""
         if not self._started:
+            self.alive = False  # never to start
             return
         self._post(("close",))
         with contextlib.suppress(TimeoutError):
@@ -334,6 +335,7 @@ class GraphProcess(Recorder):
                     self._loop.remove_reader(process.sentinel)
             process.join(1)
         self._stop_listening()
+        self.alive = False  # asks nothing more of it
         self._fail_answers("Crux's graph process is closed")
 
     # -- recording: the scheduler's hooks and handler --------------------------
@@ -766,7 +768,8 @@ def _handle(message: tuple, ingest: Any, shipper: _Shipper, pages: dict[str, Any
 
 
 class _Shipper:
-    """Sends the rows the process's store grew by, and announces spooled segments."""
+    """Sends the rows the process's store grew by, announces spooled segments, answers
+    questions, and keeps the answers in pieces until the scheduler lets them go."""
 
     def __init__(self, connection: Connection, ingest: Any) -> None:
         self.connection = connection

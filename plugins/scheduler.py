@@ -170,6 +170,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             scopes = self.scheduler.periodic_callbacks.pop("crux-scopes", None)  # the relay's
             if scopes is not None:
                 scopes.stop()
+        for staging in getattr(self, "staged", {}).values():  # never to be fetched now
+            staging.release()
         if isinstance(getattr(self, "ingest", None), GraphProcess):
             await self.ingest.close()
         if getattr(self, "spool", None) is not None:

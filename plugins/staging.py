@@ -93,9 +93,14 @@ class KeptPieces:
         ------
         IndexError
             If there is no piece ``index``.
+        KeyError
+            If the pieces were let go (:meth:`release`, or by the process, which
+            keeps a bounded number of answers).
         GraphProcessGone
             If the process is gone, or was closed, before it sent the piece.
         """
+        if self._released:
+            raise KeyError("the pieces were let go")
         if not 0 <= index < self._count:
             raise IndexError(f"piece {index} of {self._count}")
         asked = self._asked

@@ -204,13 +204,18 @@ async def test_a_piece_of_an_answer_let_go_is_refused_and_the_process_goes_on(c,
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
     kept = await crux.pieces()
+    number = kept._ask.args[1]  # the answer's, in the process
     assert isinstance(kept, KeptPieces) and kept.head == crux.builder.end
+    with pytest.raises(IndexError):
+        await kept.fetch(len(kept))
+    with pytest.raises(KeyError, match=f"no piece {len(kept)} of answer {number}"):
+        await crux.ingest._ask("piece", number, len(kept))  # refused there too
     assert PAGStore.from_pieces(await kept.fetch_all()).n_states == crux.builder.store.n_states
     kept.release()
     with pytest.raises(KeyError, match="let go"):
         await kept.fetch(1)
-    with pytest.raises(IndexError):
-        await kept.fetch(len(kept))
+    with pytest.raises(KeyError, match="let go, or never made"):
+        await crux.ingest._ask("piece", number, 1)
     assert crux.graph_apart and "one" in set((await crux_dask.get_pag(c)).states["key"])
 
 
@@ -228,12 +233,70 @@ async def test_stagings_a_client_never_fetched_are_let_go_in_the_process(c, s, a
     posted = []
     post = crux.ingest._post
     crux.ingest._post = lambda message: (posted.append(message[0]), post(message))[1]
-    tokens = [(await _stage_pag_on_scheduler(s))[0] for _ in range(STAGED_MAX + 2)]
+    tokens = [(await _stage_pag_on_scheduler(s))[0]]
+    evicted = crux.staged[tokens[0]].parts[-1]  # the live graph, kept by the process
+    tokens += [(await _stage_pag_on_scheduler(s))[0] for _ in range(STAGED_MAX + 1)]
     assert list(crux.staged) == tokens[2:] and posted.count("release") == 2
+    with pytest.raises(KeyError, match="let go"):
+        await evicted.fetch(0)
+    with pytest.raises(KeyError, match="let go, or never made"):  # the process's answer
+        await crux.ingest._ask("piece", evicted._ask.args[1], 0)
     newest = crux.staged[tokens[-1]]
     pieces = [await crux.staged_piece(tokens[-1], i) for i in range(len(newest))]
     assert PAGStore.from_pieces(pieces[1:]).n_states == crux.builder.store.n_states
     assert tokens[-1] not in crux.staged and posted.count("release") == 3
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_a_path_whose_pieces_died_with_the_process_is_made_again_for_the_http_api(
+        c, s, a, b):
+    """The JSON API's path, made and kept by the graph process, which dies before the
+    first piece is sent: the scheduler makes it again, on its copy of the graph."""
+    from crux_dask.wcp import critical_path
+
+    await crux_dask.attach(c)
+    assert await c.compute(chain(30)) == 30
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    analyse, answers = crux.analyse, []
+
+    async def dying(function, *args):
+        answer = await analyse(function, *args)
+        answers.append(type(answer).__name__)
+        if crux.ingest.alive:
+            os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
+            await async_poll_for(lambda: not crux.ingest.alive, timeout=10)
+        return answer
+
+    crux.analyse = dying
+    response = await AsyncHTTPClient().fetch(
+        f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/wcp")
+    assert answers == ["KeptPieces", "Pieces"]
+    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
+    steps = json.loads(response.body)["steps"]
+    assert [step["key"] for step in steps] == expected.steps["key"].tolist()
+    assert len(steps) > 30
+
+
+@gen_cluster(client=True)
+async def test_a_staging_let_go_while_its_client_fetches_is_made_again(c, s, a, b):
+    """A client whose staging was let go (for newer ones) while it fetched stages again."""
+    await crux_dask.attach(c)
+    assert await c.compute(chain(30)) == 30
+    await crux_dask.flush(c)
+    crux = s.plugins["crux"]
+    fetch, stage, stagings = crux.staged_piece, crux.stage, []
+
+    async def staged_piece(token: str, index: int) -> bytes:
+        if index == 2 and len(stagings) == 1:  # as if newer stagings had pushed it out
+            crux.staged.pop(token).release()
+        return await fetch(token, index)
+
+    crux.staged_piece = staged_piece
+    crux.stage = lambda parts: (stagings.append(parts), stage(parts))[1]
+    pag = await crux_dask.get_pag(c)
+    assert len(stagings) == 2 and crux.staged == {}
+    assert len(pag.states) == crux.builder.store.n_states > 30
 
 
 def test_a_staging_reads_its_parts_as_one_sequence():
@@ -267,8 +330,12 @@ async def test_a_fetch_cut_short_by_the_graph_process_s_death_is_made_again(c, s
         return await fetch(token, index)
 
     crux.staged_piece = staged_piece
+    stage, stagings = crux.stage, []
+    crux.stage = lambda parts: (stagings.append([type(part).__name__ for part in parts]),
+                                stage(parts))[1]
     pag = await crux_dask.get_pag(c)
     assert not crux.ingest.alive and crux.staged == {}
+    assert [kinds[-1] for kinds in stagings] == ["KeptPieces", "Pieces"]  # staged again
     mirror = crux.builder.store
     every = np.arange(mirror.n_states)
     assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
@@ -335,7 +402,7 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
     receive = crux.ingest._on_message
     crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
     kept = await crux.spooled_pieces()
-    assert isinstance(kept, KeptPieces) and kinds == ["kept"]
+    assert isinstance(kept, KeptPieces) and [k for k in kinds if k != "rows"] == ["kept"]
     pieces = await kept.fetch_all()
     kept.release()
     assert kinds.count("answer") == len(pieces) == sum(kept.head)
@@ -417,7 +484,7 @@ def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
     """The scheduler reads the process's pipe on its event loop as bytes come: the
     messages a real Connection sent come back whole, whatever the reads cut."""
     reading, writing = multiprocessing.Pipe(duplex=False)
-    sent = [("rows", "run", {"state_time": bytes(100_000)}, {"end": 3}), ("piece", 3, b"y"),
+    sent = [("rows", "run", {"state_time": bytes(100_000)}, {"end": 3}), ("kept", 3, 2, 7),
             ("answer", 1, [1.5, "x"], None), ("closed",)]
 
     def send_all() -> None:

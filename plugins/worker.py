@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import select
 import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
@@ -61,6 +62,9 @@ logger = logging.getLogger(__name__)
 _LOG_LOOKBACK = 16
 #: The default bound of the teardown's last send, in seconds.
 TEARDOWN_TIMEOUT = 0.5
+#: What ``poll`` reports of a socket whose peer closed it (Linux; 0: not told).
+_HUNG_UP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR
+            if hasattr(select, "POLLRDHUP") else 0)
 #: The most files whose sizes are taken in the event loop as their task is done
 #: (a few microseconds each); a task that opened more has them taken in a thread.
 FILES_INLINE = 64
@@ -199,10 +203,26 @@ class CruxWorkerPlugin(WorkerPlugin):
                         "(counted as events_unsent)", len(self.buffer), worker.address)
 
     def _scheduler_connected(self) -> bool:
-        """Whether the worker's stream to the scheduler is open (no waiting involved)."""
+        """Whether the worker's stream to the scheduler is open (no waiting involved).
+
+        A scheduler that has just closed may not be noticed yet by the worker,
+        which reads the stream's end later: where the system tells (Linux's
+        ``POLLRDHUP``), the stream's socket is asked whether the scheduler's
+        side hung up, without reading anything.
+        """
         stream = getattr(self.worker, "batched_stream", None)
         comm = getattr(stream, "comm", None)
-        return comm is not None and not comm.closed()
+        if comm is None or comm.closed():
+            return False
+        sock = getattr(getattr(comm, "stream", None), "socket", None)
+        if _HUNG_UP and sock is not None:
+            poll = select.poll()
+            try:
+                poll.register(sock, _HUNG_UP)
+                return not poll.poll(0)
+            except (OSError, ValueError):  # closed meanwhile
+                return False
+        return True
 
     # -- hooks ----------------------------------------------------------------
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:

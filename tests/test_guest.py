@@ -95,6 +95,29 @@ async def test_worker_closes_at_once_when_the_scheduler_is_gone(c, s):
     assert stats["events_buffered"] == stats["events_unsent"]  # kept, not dropped
 
 
+@gen_cluster(client=True, nthreads=[])
+async def test_a_worker_closed_right_after_its_scheduler_does_not_try_to_send(c, s):
+    """Closed before it read the end of its stream to the scheduler (as distributed's
+    own tests close a cluster: client, scheduler, workers), a worker asks its socket
+    whether the scheduler hung up, and keeps what it could not send, without trying."""
+    async with Worker(s.address, nthreads=1) as a:
+        await crux_dask.attach(c, flush_interval="1h", batch_size=1_000_000)
+        plugin = a.plugins["crux"]
+        [x] = await c.scatter([list(range(10))], workers=[a.address])  # recorded on `a`
+        assert await c.submit(sum, x, key="total") == 45
+        assert plugin.buffer
+        flushes = []
+        flush = plugin.flush
+        plugin.flush = lambda: (flushes.append(1), flush())[1]
+        await c.close()
+        await s.close()
+        await a.close()
+    assert flushes == []
+    stats = plugin.stats()
+    assert stats["events_sent"] == 0
+    assert stats["events_unsent"] == stats["events_recorded"] >= 1
+
+
 @gen_cluster(client=True)
 async def test_teardown_sends_what_is_buffered_to_a_live_scheduler(c, s, a, b):
     await crux_dask.attach(c, flush_interval="1h", batch_size=1_000_000)

@@ -314,11 +314,17 @@ class GraphProcess(Recorder):
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop the process and the threads, waiting at most ``timeout`` seconds for
-        the process to finish what it was doing (it is killed after that)."""
+        the process to finish what it was doing (it is killed after that); one still
+        starting is told to stop, and not waited for."""
         if not self._started:
             self.alive = False  # never to start
             return
         self._post(("close",))
+        if self._process is None:  # still starting (a fork server's first start takes a
+            # while): it reads "close" once started, with nothing applied to wait for
+            self.alive = False
+            self._fail_answers("Crux's graph process is closed")
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), timeout)
         process = self._process
@@ -516,7 +522,10 @@ class GraphProcess(Recorder):
         process_outbox.close()
         self._process, self._outbox = process, outbox
         self.remote["pid"] = process.pid
-        self._loop.call_soon_threadsafe(self._listen, inbox)
+        try:
+            self._loop.call_soon_threadsafe(self._listen, inbox)
+        except RuntimeError:  # the loop is closed: nobody reads it; "close" is still sent
+            inbox.close()
 
     def _stopping(self) -> None:
         """From the writer, if the process could not start: wake :meth:`close`."""

@@ -299,6 +299,31 @@ async def test_a_staging_let_go_while_its_client_fetches_is_made_again(c, s, a, 
     assert len(pag.states) == crux.builder.store.n_states > 30
 
 
+@gen_cluster(client=True)
+async def test_a_scheduler_closes_without_waiting_for_a_graph_process_still_starting(
+        c, s, a, b):
+    """A scheduler closed while its graph process still starts (a fork server's first
+    start takes a while) does not wait for it; once started, it reads "close" and
+    exits."""
+    await crux_dask.attach(c)
+    ingest = s.plugins["crux"].ingest
+    assert not ingest._started  # only roots so far: no process yet
+    may_start = threading.Event()
+    spawn = ingest._spawn
+    ingest._spawn = lambda: (may_start.wait(30), spawn())[1]
+    assert await c.submit(inc, 1, key="one") == 2
+    ingest.tick()  # the writer starts, and waits to spawn the process
+    await async_poll_for(lambda: ingest._started, timeout=10)
+    await c.close()
+    # It would otherwise wait for word from the process, 5 s at most.
+    await asyncio.wait_for(s.close(), 4)
+    assert ingest._process is None and not ingest.alive  # closed, not waiting
+    may_start.set()
+    await async_poll_for(lambda: ingest._process is not None
+                         and not ingest._process.is_alive(), timeout=30)
+    assert ingest._process.exitcode == 0
+
+
 def test_a_staging_reads_its_parts_as_one_sequence():
     """Pieces of several parts, fetched by their place in the whole; what is not bytes
     is pickled as it is fetched."""

@@ -320,15 +320,12 @@ class GraphProcess(Recorder):
             self.alive = False  # never to start
             return
         self._post(("close",))
-        if self._process is None:  # still starting (a fork server's first start takes a
-            # while): it reads "close" once started, with nothing applied to wait for
-            self.alive = False
-            self._fail_answers("Crux's graph process is closed")
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), timeout)
+        # One still starting (a fork server's first start takes a while) reads "close"
+        # once started, with nothing applied to wait for.
         process = self._process
         if process is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), timeout)
             if process.is_alive():  # it said it closed, or it is stuck: a second at most
                 exited = self._loop.create_future()
                 self._loop.add_reader(process.sentinel, lambda: exited.done()

@@ -58,6 +58,9 @@ class CruxHandler(web.RequestHandler):
     def initialize(self, plugin: CruxSchedulerPlugin) -> None:
         self.plugin = plugin
 
+    async def prepare(self) -> None:
+        await self.plugin.caught_up()  # every state received, a few milliseconds at a time
+
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
 

@@ -10,11 +10,12 @@ Workers' batches are checked on the scheduler, so that a worker learns at once
 that one was rejected, and forwarded as they came.
 
 The process sends back the rows it added to the graph's columns and string
-tables.  :class:`GraphMirror` appends them to a store of its own on the
-scheduler's event loop: the dashboard, the client API and the export read it
-as they would read the builder's store, and the event loop spends on the graph
-only those appends.  A spooled segment is announced once it is written.  Paths
-and the table of computations are computed in the process, on its graph
+tables.  :class:`GraphMirror` keeps them, and appends them to a store of its
+own when something on the scheduler reads it (the JSON API, or anything once
+the process is gone) as it would read the builder's store: the event loop
+spends on the graph only those appends, and none while nobody reads.  A
+spooled segment is announced once it is written.  Paths and the table of
+computations are computed in the process, on its graph
 (:meth:`GraphProcess.analyse`).
 
 The process also serves the Crux pages once the dashboard first asks for one
@@ -104,43 +105,88 @@ class GraphProcessGone(RuntimeError):
 class GraphMirror:
     """The graph as the process last sent it: what readers of the builder read.
 
+    The rows the process sends are kept as they came, pickled, and appended
+    to :attr:`store` only when something reads it: appending costs the
+    scheduler's event loop a few microseconds a state (unpickling each string
+    and looking it up), and on a cluster nobody questions through the
+    scheduler nothing does.  A reader on the event loop awaits
+    :meth:`caught_up`, which appends a few milliseconds at a time; reading
+    :attr:`store` appends whatever is left at once.  Rows of a segment spooled
+    since are never appended: it is read back from the spool.
+
     Attributes
     ----------
-    store : PAGStore
-        The columns received so far, of the segment being recorded.
     end : int
         The graph's end state (``-1`` while there is none).
+    n_states, n_mutations : int
+        The graph's states and mutations, with the rows not appended yet.
     n_applied, n_parked, n_parked_total, n_fallbacks, n_lost : int
         The builder's counts, as last sent.
     """
 
     def __init__(self, run_id: str) -> None:
-        self.store = PAGStore.chunked(run_id)
+        self._store = PAGStore.chunked(run_id)
+        self._unread: deque[bytes] = deque()  # rows of the store's segment, pickled
+        self._unread_bytes = 0
         self.end = -1
+        self.n_states = self.n_mutations = 0
         self.n_applied = self.n_parked = self.n_parked_total = self.n_fallbacks = 0
         self.n_lost = 0
 
     @property
     def run_id(self) -> str:
-        return self.store.run_id
+        return self._store.run_id
 
-    def extend(self, run_id: str, rows: dict[str, Any], summary: dict[str, Any]) -> None:
-        """Append ``rows`` (column or table name: bytes or strings) of segment ``run_id``.
+    @property
+    def store(self) -> PAGStore:
+        """The columns received so far, of the segment being recorded, every row
+        appended (at once: on the event loop, await :meth:`caught_up` first)."""
+        while self._unread:
+            self._append_next()
+        return self._store
+
+    def extend(self, run_id: str, rows: bytes, summary: dict[str, Any]) -> None:
+        """Keep ``rows`` (pickled, column or table name: bytes or strings) of segment
+        ``run_id``, and the builder's counts in ``summary``.
 
         A new segment (the one before was spooled) starts a new store.
         """
-        store = self.store
-        if run_id != store.run_id:
-            store = self.store = PAGStore.chunked(run_id)
-        for name, part in rows.items():
+        if run_id != self._store.run_id:
+            self._store = PAGStore.chunked(run_id)
+            self._unread.clear()
+            self._unread_bytes = 0
+        if rows:
+            self._unread.append(rows)
+            self._unread_bytes += len(rows)
+        self.end = summary["end"]
+        for name in ("n_states", "n_mutations", "n_applied", "n_parked", "n_parked_total",
+                     "n_fallbacks", "n_lost"):
+            setattr(self, name, summary[name])
+
+    async def caught_up(self, turn: float = 0.005) -> None:
+        """Append every row received so far to :attr:`store`, ``turn`` seconds at a
+        time, letting the event loop run in between."""
+        while self._unread:
+            until = time.perf_counter() + turn
+            while self._unread and time.perf_counter() < until:
+                self._append_next()
+            if self._unread:
+                await asyncio.sleep(0)
+
+    def nbytes(self) -> int:
+        """Memory held by the graph: its store's and the rows not appended yet."""
+        return self._store.nbytes() + self._unread_bytes
+
+    def _append_next(self) -> None:
+        rows = self._unread.popleft()
+        self._unread_bytes -= len(rows)
+        store = self._store
+        for name, part in pickle.loads(rows).items():
             column = getattr(store, name)
             if isinstance(column, ChunkedColumn):
                 column.frombytes(part)
             else:
                 _extend_table(column, *part)
-        self.end = summary["end"]
-        for name in ("n_applied", "n_parked", "n_parked_total", "n_fallbacks", "n_lost"):
-            setattr(self, name, summary[name])
 
 
 class Frames:
@@ -303,6 +349,7 @@ class GraphProcess(Recorder):
         self._started = False  # the writer, which starts the process
         self._pages: asyncio.Future | None = None
         self._scopes_sent: list[Any] | None = None
+        self._catching_up: asyncio.Future | None = None  # the mirror, once the process is gone
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -627,6 +674,8 @@ class GraphProcess(Recorder):
             self.last_error = f"graph process lost: {why}"
             logger.error("Crux's graph process is gone (%s): the graph recorded so far "
                          "stays readable, and later events are counted as dropped", why)
+            # What it sent is read from now on: appended a few milliseconds at a time.
+            self._catching_up = asyncio.ensure_future(self.builder.caught_up())
         self._fail_answers(f"Crux's graph process is gone ({why})")
 
 
@@ -821,11 +870,13 @@ class _Shipper:
             "end": builder.end if spooled is None else spooled.last_end,
             "n_applied": builder.n_applied, "n_parked": builder.n_parked,
             "n_parked_total": builder.n_parked_total, "n_fallbacks": builder.n_fallbacks,
-            "n_lost": builder.n_lost, "counts": dict(ingest.counts),
+            "n_lost": builder.n_lost, "n_states": store.n_states,
+            "n_mutations": store.n_mutations, "counts": dict(ingest.counts),
             "pending": ingest.pending, "last_error": ingest.last_error,
         }
         if rows or summary != self.summary:  # nothing new: nothing sent
             self.summary = summary
+            rows = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL) if rows else b""
             self.connection.send(("rows", store.run_id, rows, {
                 **summary, "apply_seconds": ingest.seconds["apply"],
                 "cpu_seconds": time.process_time()}))

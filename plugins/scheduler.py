@@ -251,6 +251,14 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """
         return self.ingest.builder
 
+    async def caught_up(self) -> None:
+        """Make :attr:`builder` hold every state received so far, without holding the
+        event loop more than a few milliseconds at a time (see
+        :class:`~crux_dask.plugins.graph_process.GraphMirror`): await it before
+        reading the builder on the event loop."""
+        if isinstance(self.ingest, GraphProcess):
+            await self.ingest.builder.caught_up()
+
     @property
     def graph_apart(self) -> bool:
         """Whether the graph is built in a process of its own, alive: what
@@ -349,6 +357,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if self.graph_apart:
             with contextlib.suppress(GraphProcessGone):
                 return await self.ingest.analyse(graph_pieces)
+        await self.caught_up()
         store, end = self.builder.store, self.builder.end
         upto = store.lengths()
         return Pieces(await asyncio.get_running_loop().run_in_executor(None, store.to_pieces,
@@ -360,6 +369,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         The point it copies up to is taken on the event loop; the copy is made
         in a thread, a column at a time, while events go on being applied.
         """
+        await self.caught_up()
         store = self.builder.store
         upto, end = store.lengths(), self.builder.end
         copy = await asyncio.get_running_loop().run_in_executor(None, store.copy, upto)
@@ -405,6 +415,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         builder = self.builder
         ingest = self.ingest
         remote = isinstance(ingest, GraphProcess)
+        if remote:  # read from the process's counts: reading the store would append to it
+            states, mutations, memory = builder.n_states, builder.n_mutations, builder.nbytes()
+        else:
+            store = builder.store
+            states, mutations, memory = store.n_states, store.n_mutations, store.nbytes()
         return {
             **self.counts,
             "seconds_receiving": ingest.seconds["receive"],
@@ -415,12 +430,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,
             "states_lost": builder.n_lost + self.spool.n_lost,
-            "states": builder.store.n_states,
+            "states": states,
             "states_spooled": self.spool.n_states,
             "segments_spooled": len(self.spool.run_ids),
             "spool_dir": self.spool.directory,
-            "mutations": builder.store.n_mutations,
-            "memory_bytes": builder.store.nbytes(),
+            "mutations": mutations,
+            "memory_bytes": memory,
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions.dropped,

@@ -108,8 +108,11 @@ async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
     before = await crux_dask.get_pag(c)
     assert "before" in set(before.states["key"])
     await async_poll_for(lambda: crux.ingest.remote["pid"] is not None, timeout=10)
+    sent = crux.stats()["states"]
     os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
     await async_poll_for(lambda: not crux.ingest.alive, timeout=10)
+    # What it sent is appended on the scheduler from now on, unasked.
+    await async_poll_for(lambda: crux.builder._store.n_states >= sent > 0, timeout=10)
 
     # The cluster goes on; later events are counted as dropped, never applied.
     assert await c.submit(inc, 2, key="after") == 3
@@ -133,6 +136,31 @@ async def test_when_the_graph_process_dies_what_it_sent_stays(c, s, a, b):
         assert error.code == 503
     else:
         raise AssertionError("a write was accepted without a graph process")
+
+
+@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
+async def test_the_scheduler_appends_the_graph_sent_back_only_when_it_is_read(c, s, a, b):
+    """The rows the process sends back stay as they came until something on the scheduler
+    reads the graph; its counts come from the process meanwhile, and a read of the JSON
+    API appends them all first."""
+    await crux_dask.attach(c)
+    crux = s.plugins["crux"]
+    await c.gather(c.map(inc, range(40), key=[f"t-{i}" for i in range(40)]))
+    await c.run(flush_worker)
+    await crux.ingest.drain()
+    mirror = crux.builder
+    stats = crux.stats()
+    assert stats["states"] >= 40 and stats["mutations"] >= 40
+    assert mirror._store.n_states == 0  # nobody read it: nothing appended
+    assert stats["memory_bytes"] > 0  # the rows kept count
+
+    http = AsyncHTTPClient()
+    response = await http.fetch(
+        f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/states?limit=10000")
+    body = json.loads(response.body)
+    assert body["total"] == stats["states"] == mirror._store.n_states
+    assert {f"t-{i}" for i in range(40)} <= {state["key"] for state in body["states"]}
+    assert mirror.store.n_mutations == stats["mutations"]
 
 
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
@@ -451,15 +479,16 @@ def test_the_scheduler_copy_never_moves_what_it_holds():
     typecodes = {name: getattr(PAGStore("run"), name).typecode for name in names}
     oracle = {name: array(typecodes[name]) for name in names}  # how an array.array grows
     sent: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    summary = {"end": -1, "n_applied": 0, "n_parked": 0, "n_parked_total": 0,
-               "n_fallbacks": 0, "n_lost": 0}
+    summary = {"end": -1, "n_states": 0, "n_mutations": 0, "n_applied": 0, "n_parked": 0,
+               "n_parked_total": 0, "n_fallbacks": 0, "n_lost": 0}
     grown_together_oracle = []
     for message in range(160):
         rows = {name: (np.arange(SHIP_STATES) + message * SHIP_STATES).astype(typecodes[name])
                 for name in names}
         before = {name: getattr(mirror.store, name).chunks for name in names}
         before_oracle = {name: sys.getsizeof(oracle[name]) for name in names}
-        mirror.extend("run", {name: values.tobytes() for name, values in rows.items()}, summary)
+        mirror.extend("run", pickle.dumps({name: values.tobytes()
+                                           for name, values in rows.items()}), summary)
         for name, values in rows.items():
             sent[name].append(values)
             oracle[name].frombytes(values.tobytes())

@@ -78,6 +78,8 @@ SHIP_STATES = 2048
 #: an entry, and copies the batches.
 MESSAGE_ENTRIES = 2048
 MESSAGE_BYTES = 2**22
+#: What an entry other than a batch counts for against ``MESSAGE_BYTES``.
+_ENTRY_BYTES = 1_000
 #: The most bytes of what the process sends that the event loop reads, and takes
 #: messages of, in one turn (a message takes the turn alone if it is larger).
 READ_BYTES = 1 << 19
@@ -350,6 +352,7 @@ class GraphProcess(Recorder):
         self._pages: asyncio.Future | None = None
         self._scopes_sent: list[Any] | None = None
         self._catching_up: asyncio.Future | None = None  # the mirror, once the process is gone
+        self._queued_bytes = 0  # of the workers' batches in the queue
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -405,6 +408,7 @@ class GraphProcess(Recorder):
         (:func:`~crux_dask.codec.read_head`): the process decodes it."""
         head = read_head(batch)
         self.queue.append(bytes(batch))
+        self._queued_bytes += len(batch)
         return head.events, head.version != 1
 
     def apply_soon(self) -> None:
@@ -417,13 +421,17 @@ class GraphProcess(Recorder):
                               and all(entry[0] == GRAPH for entry in self.queue)):
             return  # nothing, or only roots: no process for them yet
         entries, self.queue = list(self.queue), deque()
+        batch_bytes, self._queued_bytes = self._queued_bytes, 0
         self.sent += self.pending
-        if self.alive:  # in pieces: the writer holds the interpreter while it pickles one
+        if self.alive and batch_bytes + _ENTRY_BYTES * MESSAGE_ENTRIES < MESSAGE_BYTES:
+            for start in range(0, len(entries), MESSAGE_ENTRIES):  # no piece reaches the bytes
+                self._post(("entries", entries[start:start + MESSAGE_ENTRIES]))
+        elif self.alive:  # in pieces: the writer holds the interpreter while it pickles one
             piece: list = []
             size = 0
             for entry in entries:
                 piece.append(entry)
-                size += len(entry) if isinstance(entry, bytes) else 1_000
+                size += len(entry) if isinstance(entry, bytes) else _ENTRY_BYTES
                 if len(piece) == MESSAGE_ENTRIES or size >= MESSAGE_BYTES:
                     self._post(("entries", piece))
                     piece, size = [], 0

@@ -24,7 +24,15 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc, poll_for
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
-from crux_dask.plugins.graph_process import SHIP_STATES, Frames, GraphMirror, GraphProcess
+from crux_dask.codec import encode_batch
+from crux_dask.plugins.graph_process import (
+    MESSAGE_BYTES,
+    SHIP_STATES,
+    Frames,
+    GraphMirror,
+    GraphProcess,
+)
+from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import PIECES_AHEAD, KeptPieces, Pieces, Staging
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
@@ -467,6 +475,43 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
         every = np.arange(written.n_states)
         assert store.n_states == written.n_states > 0
         assert store.states_frame(every).equals(written.states_frame(every))
+
+
+def test_what_is_recorded_goes_to_the_process_in_messages_of_bounded_size():
+    """Each message to the process holds at most MESSAGE_ENTRIES entries and, past a
+    batch that fills it, about MESSAGE_BYTES of the workers' batches; in order."""
+    process = GraphProcess(Spool(None, None), {
+        "max_pending": 10**6, "park_timeout": 10.0, "max_states": None, "spool_dir": None,
+        "apply_interval": 0.1})
+    posted: list[tuple] = []
+    process._post = posted.append  # what the writer thread would pickle and send
+    process._started = True
+    try:
+        entries = [("task", i) for i in range(5000)]
+        process.queue.extend(entries)
+        process.tick()
+        assert [len(message[1]) for message in posted] == [2048, 2048, 904]
+        assert [entry for message in posted for entry in message[1]] == entries
+
+        posted.clear()
+        events = [("transfer", f"k-{i}", "memory@a", "memory@b", 1.0, 2.0, 8)
+                  for i in range(15_000)]
+        batch = encode_batch(events, "tcp://w:1", 0)
+        assert MESSAGE_BYTES // 4 < len(batch) < MESSAGE_BYTES // 2
+        queued = []
+        for i in range(12):
+            process.queue_batch(batch)
+            queued.append(batch)
+            process.queue.append(("task", i))
+            queued.append(("task", i))
+        process.tick()
+        assert [entry for message in posted for entry in message[1]] == queued
+        assert len(posted) > 1
+        for message in posted:
+            size = sum(len(e) if isinstance(e, bytes) else 1_000 for e in message[1])
+            assert size < MESSAGE_BYTES + len(batch)
+    finally:
+        process.spool.close(remove_temporary=True)
 
 
 def test_the_scheduler_copy_never_moves_what_it_holds():

@@ -7,8 +7,8 @@ are refused unless ``crux-dask.http.token`` is set, and then need that token
 as a bearer token; each applies its own state at once, so that its id can be
 returned.
 
-Handlers use only the plugin's public interface: ``builder`` (read),
-``stats()``, ``scopes()``, ``snapshot()``, ``add_external()``,
+Handlers use only the plugin's public interface: ``builder`` (read, once
+``caught_up()``), ``stats()``, ``scopes()``, ``analyse()``, ``add_external()``,
 ``count_http_write()``, ``http_token`` and ``http_max_body``.  The path of one
 computation or span, and the table of them, are computed off the event loop
 on a copy of the graph.
@@ -55,11 +55,15 @@ class BadParameter(ValueError):
 class CruxHandler(web.RequestHandler):
     """Shared plumbing: the plugin, parameter parsing, JSON errors."""
 
+    #: Whether a GET reads the graph applied so far (:attr:`store`).
+    reads_graph = False
+
     def initialize(self, plugin: CruxSchedulerPlugin) -> None:
         self.plugin = plugin
 
     async def prepare(self) -> None:
-        await self.plugin.caught_up()  # every state received, a few milliseconds at a time
+        if self.reads_graph and self.request.method == "GET":
+            await self.plugin.caught_up()  # every state received, a few milliseconds at a time
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -155,6 +159,8 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 class StatesHandler(CruxHandler):
+    reads_graph = True
+
     def get(self) -> None:
         self.respond(self._states)
 
@@ -243,6 +249,8 @@ class StatesHandler(CruxHandler):
 
 
 class StateHandler(CruxHandler):
+    reads_graph = True
+
     def get(self, state_id: str) -> None:
         store = self.store
         if not state_id.isdigit() or int(state_id) >= store.n_states:
@@ -253,6 +261,8 @@ class StateHandler(CruxHandler):
 
 
 class MutationsHandler(CruxHandler):
+    reads_graph = True
+
     def get(self) -> None:
         self.respond(self._mutations)
 
@@ -276,6 +286,8 @@ class MutationsHandler(CruxHandler):
 
 class MutationWriteHandler(StatesHandler):
     """``POST /mutations/{kind}``: an external operation that made a new state."""
+
+    reads_graph = False
 
     def get(self, kind: str) -> None:
         self.fail(405, "use POST to add a mutation; GET /mutations lists them")
@@ -334,6 +346,8 @@ def _check_body(body: dict, kind: str, sources: bool) -> dict:
 
 
 class WCPHandler(CruxHandler):
+    reads_graph = True
+
     async def get(self) -> None:
         whole = self.get_argument("computation", None) is None and self.get_argument(
             "span", None) is None

@@ -68,9 +68,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["Frames", "GraphMirror", "GraphProcess", "GraphProcessGone", "serve"]
 
 #: Seconds between two sends of the rows the process added while it applies, and
-#: the most states per send: the scheduler's event loop appends a send at once, about
-#: a microsecond for a state and its mutations (2.5 ms for 2,048 in a busy scheduler
-#: here, the page faults of its columns' fresh chunks included).
+#: the most states per send: the scheduler's event loop reads a send at once, and
+#: appends it in one piece when something reads the graph (2.5 ms for 2,048 states
+#: and their mutations in a busy scheduler here, the page faults of its columns'
+#: fresh chunks included).
 SHIP_INTERVAL = 0.05
 SHIP_STATES = 2048
 #: The most queue entries, and bytes of the workers' batches, per message to the
@@ -80,6 +81,9 @@ MESSAGE_ENTRIES = 2048
 MESSAGE_BYTES = 2**22
 #: What an entry other than a batch counts for against ``MESSAGE_BYTES``.
 _ENTRY_BYTES = 1_000
+#: The longest the scheduler's event loop appends what the process sent at a stretch,
+#: in seconds, for a reader that waits (:meth:`GraphMirror.caught_up`).
+APPEND_TURN = 0.005
 #: The most bytes of what the process sends that the event loop reads, and takes
 #: messages of, in one turn (a message takes the turn alone if it is larger).
 READ_BYTES = 1 << 19
@@ -112,9 +116,17 @@ class GraphMirror:
     scheduler's event loop a few microseconds a state (unpickling each string
     and looking it up), and on a cluster nobody questions through the
     scheduler nothing does.  A reader on the event loop awaits
-    :meth:`caught_up`, which appends a few milliseconds at a time; reading
-    :attr:`store` appends whatever is left at once.  Rows of a segment spooled
-    since are never appended: it is read back from the spool.
+    :meth:`caught_up`, which appends :data:`APPEND_TURN` seconds at a time;
+    reading :attr:`store` appends whatever is left at once.  Rows of a
+    segment spooled since are never appended: it is read back from the spool.
+
+    Parameters
+    ----------
+    run_id : str
+        The segment being recorded.
+    seconds : dict
+        Where appending is timed: CPU seconds added to ``read``, and the longest
+        stretch of the event loop it took in ``longest_slice``.
 
     Attributes
     ----------
@@ -126,10 +138,14 @@ class GraphMirror:
         The builder's counts, as last sent.
     """
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, seconds: dict[str, float]) -> None:
         self._store = PAGStore.chunked(run_id)
         self._unread: deque[bytes] = deque()  # rows of the store's segment, pickled
         self._unread_bytes = 0
+        # Rows messages kept, and appended or dropped with their segment, since the start.
+        self._received = self._appended = 0
+        self._catching_up: asyncio.Future | None = None
+        self.seconds = seconds
         self.end = -1
         self.n_states = self.n_mutations = 0
         self.n_applied = self.n_parked = self.n_parked_total = self.n_fallbacks = 0
@@ -143,45 +159,80 @@ class GraphMirror:
     def store(self) -> PAGStore:
         """The columns received so far, of the segment being recorded, every row
         appended (at once: on the event loop, await :meth:`caught_up` first)."""
-        while self._unread:
-            self._append_next()
+        if self._unread:
+            self._append_until(self._received, math.inf)
         return self._store
 
     def extend(self, run_id: str, rows: bytes, summary: dict[str, Any]) -> None:
         """Keep ``rows`` (pickled, column or table name: bytes or strings) of segment
         ``run_id``, and the builder's counts in ``summary``.
 
-        A new segment (the one before was spooled) starts a new store.
+        A new segment (the one before was spooled) starts a new store; rows of
+        the one before not appended yet are dropped.
         """
         if run_id != self._store.run_id:
             self._store = PAGStore.chunked(run_id)
+            self._appended += len(self._unread)
             self._unread.clear()
             self._unread_bytes = 0
         if rows:
             self._unread.append(rows)
             self._unread_bytes += len(rows)
+            self._received += 1
         self.end = summary["end"]
         for name in ("n_states", "n_mutations", "n_applied", "n_parked", "n_parked_total",
                      "n_fallbacks", "n_lost"):
             setattr(self, name, summary[name])
 
-    async def caught_up(self, turn: float = 0.005) -> None:
-        """Append every row received so far to :attr:`store`, ``turn`` seconds at a
-        time, letting the event loop run in between."""
-        while self._unread:
-            until = time.perf_counter() + turn
-            while self._unread and time.perf_counter() < until:
-                self._append_next()
-            if self._unread:
-                await asyncio.sleep(0)
+    async def caught_up(self) -> None:
+        """Append every row received before the call to :attr:`store`, letting the
+        event loop run between turns of :data:`APPEND_TURN` seconds.
+
+        Readers waiting together share one series of turns.
+        """
+        target = self._received
+        while self._appended < target and self._unread:
+            self.catch_up_soon()
+            await asyncio.shield(self._catching_up)
+
+    def catch_up_soon(self) -> None:
+        """Start appending every row received so far, a turn at a time."""
+        if self._catching_up is None or self._catching_up.done():
+            self._catching_up = asyncio.ensure_future(self._catch_up(self._received))
+
+    def stop(self) -> None:
+        """Stop appending (the scheduler closes): what is left stays unappended."""
+        if self._catching_up is not None:
+            self._catching_up.cancel()
 
     def nbytes(self) -> int:
-        """Memory held by the graph: its store's and the rows not appended yet."""
+        """Memory held by the graph: its store's and the rows not appended yet (as
+        pickled, which is less than once appended)."""
         return self._store.nbytes() + self._unread_bytes
 
-    def _append_next(self) -> None:
-        rows = self._unread.popleft()
-        self._unread_bytes -= len(rows)
+    async def _catch_up(self, target: int) -> None:
+        while self._appended < target and self._unread:
+            self._append_until(target, APPEND_TURN)
+            await asyncio.sleep(0)
+
+    def _append_until(self, target: int, turn: float) -> None:
+        """Append rows until ``target`` messages are, or for ``turn`` seconds."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        until = started + turn
+        while self._appended < target and self._unread and time.perf_counter() < until:
+            rows = self._unread.popleft()
+            self._unread_bytes -= len(rows)
+            self._appended += 1
+            try:
+                self._append(rows)
+            except Exception:  # the rows after it are still appended
+                logger.exception("Crux could not append rows its graph process sent")
+        seconds = self.seconds
+        seconds["read"] += time.thread_time() - cpu
+        seconds["longest_slice"] = max(seconds["longest_slice"],
+                                       time.perf_counter() - started)
+
+    def _append(self, rows: bytes) -> None:
         store = self._store
         for name, part in pickle.loads(rows).items():
             column = getattr(store, name)
@@ -319,10 +370,10 @@ class GraphProcess(Recorder):
     counts, seconds : dict
         As :class:`~crux_dask.plugins.ingest.Ingest`'s, the scheduler's and the
         process's together; ``seconds["longest_slice"]`` is the longest stretch
-        the scheduler's event loop spent appending what the process sent.  The
-        scheduler's CPU seconds in the writer thread, pickling what is sent
-        (``send``), and on the event loop reading what the process sends back
-        (``read``) are counted too.
+        the scheduler's event loop spent appending what the process sent (see
+        :class:`GraphMirror`).  The scheduler's CPU seconds in the writer
+        thread, pickling what is sent (``send``), and on the event loop reading
+        what the process sends back and appending it (``read``) are counted too.
     """
 
     def __init__(self, spool: Spool, settings: dict[str, Any]) -> None:
@@ -332,7 +383,7 @@ class GraphProcess(Recorder):
                          (*_SCHEDULER_COUNTS, *_PROCESS_COUNTS))
         self.sent = 0
         self.seconds.update(send=0.0, read=0.0)
-        self.builder = GraphMirror(self.settings["run_id"])
+        self.builder = GraphMirror(self.settings["run_id"], self.seconds)
         self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
         self.alive = True
         self._requests = itertools.count()
@@ -351,7 +402,6 @@ class GraphProcess(Recorder):
         self._started = False  # the writer, which starts the process
         self._pages: asyncio.Future | None = None
         self._scopes_sent: list[Any] | None = None
-        self._catching_up: asyncio.Future | None = None  # the mirror, once the process is gone
         self._queued_bytes = 0  # of the workers' batches in the queue
 
     # -- lifecycle ----------------------------------------------------------------
@@ -366,6 +416,7 @@ class GraphProcess(Recorder):
         """Stop the process and the threads, waiting at most ``timeout`` seconds for
         the process to finish what it was doing (it is killed after that); one still
         starting is told to stop, and not waited for."""
+        self.builder.stop()
         if not self._started:
             self.alive = False  # never to start
             return
@@ -643,7 +694,6 @@ class GraphProcess(Recorder):
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
         if kind == "rows":
-            started = time.perf_counter()
             _, run_id, rows, summary = message
             self.builder.extend(run_id, rows, summary)
             for name in _PROCESS_COUNTS:
@@ -652,8 +702,6 @@ class GraphProcess(Recorder):
             self.remote.update(pending=summary["pending"], cpu_seconds=summary["cpu_seconds"])
             if summary["last_error"] is not None:
                 self.last_error = summary["last_error"]
-            self.seconds["longest_slice"] = max(self.seconds["longest_slice"],
-                                                time.perf_counter() - started)
         elif kind == "spooled":
             self.spool.written(*message[1:])
         elif kind == "closed":
@@ -683,7 +731,7 @@ class GraphProcess(Recorder):
             logger.error("Crux's graph process is gone (%s): the graph recorded so far "
                          "stays readable, and later events are counted as dropped", why)
             # What it sent is read from now on: appended a few milliseconds at a time.
-            self._catching_up = asyncio.ensure_future(self.builder.caught_up())
+            self.builder.catch_up_soon()
         self._fail_answers(f"Crux's graph process is gone ({why})")
 
 

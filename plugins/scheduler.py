@@ -82,7 +82,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Notes
     -----
-    The dashboard uses only :attr:`builder` (to read it), :meth:`stats`,
+    The dashboard uses only :attr:`builder` (to read it, once :meth:`caught_up`), :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
     :meth:`read_spooled`, :meth:`scopes`, :meth:`snapshot`, :attr:`http_token` and
     :attr:`http_max_body`.
@@ -247,7 +247,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def builder(self) -> PAGBuilder:
         """The builder of the segment being recorded, with every event applied so far.
 
-        Read it; events reach it only through :attr:`ingest`.
+        Read it; events reach it only through :attr:`ingest`.  On the event
+        loop, await :meth:`caught_up` first: reading the store of a graph built
+        in its own process appends at once what it sent and was not read yet.
         """
         return self.ingest.builder
 

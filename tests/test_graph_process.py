@@ -153,14 +153,16 @@ async def test_the_scheduler_appends_the_graph_sent_back_only_when_it_is_read(c,
     API appends them all first."""
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
-    await c.gather(c.map(inc, range(40), key=[f"t-{i}" for i in range(40)]))
+    futures = c.map(inc, range(40), key=[f"t-{i}" for i in range(40)])  # kept: no releases
+    await c.gather(futures)
     await c.run(flush_worker)
     await crux.ingest.drain()
     mirror = crux.builder
     stats = crux.stats()
     assert stats["states"] >= 40 and stats["mutations"] >= 40
     assert mirror._store.n_states == 0  # nobody read it: nothing appended
-    assert stats["memory_bytes"] > 0  # the rows kept count
+    unread = stats["memory_bytes"] - mirror._store.nbytes()
+    assert unread == sum(map(len, mirror._unread)) > 0  # the rows kept count
 
     http = AsyncHTTPClient()
     response = await http.fetch(
@@ -169,6 +171,57 @@ async def test_the_scheduler_appends_the_graph_sent_back_only_when_it_is_read(c,
     assert body["total"] == stats["states"] == mirror._store.n_states
     assert {f"t-{i}" for i in range(40)} <= {state["key"] for state in body["states"]}
     assert mirror.store.n_mutations == stats["mutations"]
+    assert crux.stats()["memory_bytes"] == mirror._store.nbytes()  # nothing left unread
+    del futures
+
+
+def test_readers_of_the_scheduler_copy_catch_up_together_a_turn_at_a_time():
+    """Readers that wait for the copy to catch up share one series of turns, each at
+    most about APPEND_TURN long, and get every row sent before they asked; rows sent
+    meanwhile are appended too, and the copy reads as what was sent."""
+    seconds = {"read": 0.0, "longest_slice": 0.0}
+    mirror = GraphMirror("run", seconds)
+    names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
+    typecode = {name: getattr(PAGStore("run"), name).typecode for name in names}
+
+    def send(message: int) -> None:
+        rows = {name: (np.arange(SHIP_STATES) + message * SHIP_STATES).astype(typecode[name])
+                .tobytes() for name in names}
+        rows["keys"] = ([f"k-{message}-{i}" for i in range(SHIP_STATES)], True)
+        n = (message + 1) * SHIP_STATES
+        mirror.extend("run", pickle.dumps(rows), {
+            "end": n - 1, "n_states": n, "n_mutations": n, "n_applied": n, "n_parked": 0,
+            "n_parked_total": 0, "n_fallbacks": 0, "n_lost": 0})
+
+    async def main() -> list[int]:
+        for message in range(40):
+            send(message)
+        turns, series = [], set()
+
+        async def count_turns() -> None:
+            while mirror._unread:
+                turns.append(mirror._appended)
+                if mirror._catching_up is not None:
+                    series.add(id(mirror._catching_up))
+                await asyncio.sleep(0)
+
+        counter = asyncio.get_running_loop().create_task(count_turns())
+        readers = [asyncio.ensure_future(mirror.caught_up()) for _ in range(3)]
+        await asyncio.sleep(0)
+        send(40)  # sent while they wait
+        await asyncio.gather(*readers)
+        await mirror.caught_up()
+        await counter
+        return turns, series
+
+    turns, series = asyncio.run(main())
+    assert len(turns) > 1  # in turns, with the loop running in between
+    assert len(series) <= 2  # one series for the three readers (and one for the last rows)
+    assert seconds["longest_slice"] < 0.1 and seconds["read"] > 0
+    store = mirror.store
+    assert store.n_states == mirror.n_states == 41 * SHIP_STATES
+    assert list(store.keys.values[:2]) == ["k-0-0", "k-0-1"]
+    assert store.keys.values[len(store.keys) - 1] == f"k-40-{SHIP_STATES - 1}"
 
 
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
@@ -519,7 +572,7 @@ def test_the_scheduler_copy_never_moves_what_it_holds():
     process's columns: an append writes its own rows and moves nothing (an array.array
     copies every state column at once when they fill), and the copy reads as what was
     sent."""
-    mirror = GraphMirror("run")
+    mirror = GraphMirror("run", {"read": 0.0, "longest_slice": 0.0})
     names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
     typecodes = {name: getattr(PAGStore("run"), name).typecode for name in names}
     oracle = {name: array(typecodes[name]) for name in names}  # how an array.array grows

@@ -63,6 +63,9 @@ class ProcessHost:
     def builder(self) -> PAGBuilder:
         return self.ingest.builder
 
+    def behind(self) -> bool:
+        return False  # the builder is the graph itself
+
     def spooled_runs(self) -> list[str]:
         return self.ingest.spool.run_ids
 

@@ -139,12 +139,19 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
     """The graph a scheduler plugin is building, as applied so far.
 
     Reading it applies nothing: events still queued appear at a later update,
-    once the plugin's periodic callback has applied them.
+    once the plugin's periodic callback has applied them.  States received from
+    a graph process and not appended yet (see
+    :class:`~crux_dask.plugins.graph_process.GraphMirror`) are appended as the
+    view is read; more than a few milliseconds' worth appear once they are
+    appended, a turn at a time: until then the view stays as it was (but for
+    the first).
     """
 
     latest: list[GraphView] = []
 
     def view() -> GraphView:
+        if latest and plugin.behind():  # appended a turn at a time meanwhile: as it was
+            return latest[0]
         builder = plugin.builder
         current = GraphView(builder.store, builder.end, live=True,
                             analyse=plugin.analyse if plugin.graph_apart else None)

@@ -84,6 +84,9 @@ _ENTRY_BYTES = 1_000
 #: The longest the scheduler's event loop appends what the process sent at a stretch,
 #: in seconds, for a reader that waits (:meth:`GraphMirror.caught_up`).
 APPEND_TURN = 0.005
+#: The most bytes of rows a reader that cannot wait appends at once (a few
+#: milliseconds' worth): past it, it reads the graph as it was (:meth:`GraphMirror.behind`).
+APPEND_AT_ONCE = 1 << 20
 #: The most bytes of what the process sends that the event loop reads, and takes
 #: messages of, in one turn (a message takes the turn alone if it is larger).
 READ_BYTES = 1 << 19
@@ -194,6 +197,14 @@ class GraphMirror:
         while self._appended < target and self._unread:
             self.catch_up_soon()
             await asyncio.shield(self._catching_up)
+
+    def behind(self) -> bool:
+        """Whether more rows than :data:`APPEND_AT_ONCE` bytes are not appended yet;
+        if so, appending them starts (:meth:`catch_up_soon`)."""
+        if self._unread_bytes > APPEND_AT_ONCE:
+            self.catch_up_soon()
+            return True
+        return False
 
     def catch_up_soon(self) -> None:
         """Start appending every row received so far, a turn at a time."""

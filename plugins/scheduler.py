@@ -261,6 +261,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if isinstance(self.ingest, GraphProcess):
             await self.ingest.builder.caught_up()
 
+    def behind(self) -> bool:
+        """Whether more states received than can be appended at once are not in
+        :attr:`builder` yet; if so, they are appended from now on, a few milliseconds
+        at a time (see :meth:`caught_up`)."""
+        return isinstance(self.ingest, GraphProcess) and self.ingest.builder.behind()
+
     @property
     def graph_apart(self) -> bool:
         """Whether the graph is built in a process of its own, alive: what

@@ -26,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 import crux_dask
 from crux_dask.codec import encode_batch
 from crux_dask.plugins.graph_process import (
+    APPEND_AT_ONCE,
     MESSAGE_BYTES,
     SHIP_STATES,
     Frames,
@@ -194,8 +195,13 @@ def test_readers_of_the_scheduler_copy_catch_up_together_a_turn_at_a_time():
             "n_parked_total": 0, "n_fallbacks": 0, "n_lost": 0})
 
     async def main() -> list[int]:
-        for message in range(40):
+        send(0)
+        assert not mirror.behind()  # a few milliseconds' worth: appended as it is read
+        for message in range(1, 40):
             send(message)
+        assert mirror._unread_bytes > APPEND_AT_ONCE
+        assert mirror.behind()  # and appending starts
+        assert mirror._catching_up is not None and mirror._store.n_states == 0
         turns, series = [], set()
 
         async def count_turns() -> None:
@@ -215,6 +221,7 @@ def test_readers_of_the_scheduler_copy_catch_up_together_a_turn_at_a_time():
         return turns, series
 
     turns, series = asyncio.run(main())
+    assert not mirror.behind()
     assert len(turns) > 1  # in turns, with the loop running in between
     assert len(series) <= 2  # one series for the three readers (and one for the last rows)
     assert seconds["longest_slice"] < 0.1 and seconds["read"] > 0

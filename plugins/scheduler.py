@@ -82,7 +82,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Notes
     -----
-    The dashboard uses only :attr:`builder` (to read it, once :meth:`caught_up`), :meth:`stats`,
+    The dashboard uses only :attr:`builder` (to read it, once :meth:`caught_up`,
+    or unless :meth:`behind`), :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
     :meth:`read_spooled`, :meth:`scopes`, :meth:`snapshot`, :attr:`http_token` and
     :attr:`http_max_body`.

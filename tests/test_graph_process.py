@@ -202,22 +202,28 @@ def test_readers_of_the_scheduler_copy_catch_up_together_a_turn_at_a_time():
         assert mirror._unread_bytes > APPEND_AT_ONCE
         assert mirror.behind()  # and appending starts
         assert mirror._catching_up is not None and mirror._store.n_states == 0
+        loop = asyncio.get_running_loop()
         turns, series = [], set()
+        appending, done = asyncio.Event(), loop.create_future()
 
-        async def count_turns() -> None:
-            while mirror._unread:
-                turns.append(mirror._appended)
-                if mirror._catching_up is not None:
-                    series.add(id(mirror._catching_up))
-                await asyncio.sleep(0)
+        def count_turn() -> None:  # once each iteration of the loop, while rows wait
+            turns.append(mirror._appended)
+            if mirror._catching_up is not None:
+                series.add(id(mirror._catching_up))
+            if mirror._appended:
+                appending.set()
+            if mirror._unread:
+                loop.call_soon(count_turn)
+            else:
+                done.set_result(None)
 
-        counter = asyncio.get_running_loop().create_task(count_turns())
+        count_turn()
         readers = [asyncio.ensure_future(mirror.caught_up()) for _ in range(3)]
-        await asyncio.sleep(0)
+        await appending.wait()
         send(40)  # sent while they wait
         await asyncio.gather(*readers)
         await mirror.caught_up()
-        await counter
+        await done
         return turns, series
 
     turns, series = asyncio.run(main())

@@ -12,7 +12,7 @@ Crux's if any frame of its stack is in Crux's code.  The same is done with
 Dask's ``TaskStreamPlugin`` instead, whose share is that of its module.
 
 What it leaves out: work distributed does because of Crux (serializing what
-a worker adds to a task's metadata, collecting Crux's garbage) and what
+the mark a worker adds to a task's metadata, collecting Crux's garbage) and what
 Crux's graph process, on another core, takes from the machine.  Time spent
 without the lock (in system calls, waiting) is not sampled: the shares are
 of the time the process ran Python.

@@ -54,7 +54,7 @@ except ImportError:  # not on Windows
     fcntl = None
 
 from crux_dask.codec import read_head
-from crux_dask.plugins.ingest import GRAPH, Recorder
+from crux_dask.plugins.ingest import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
 from crux_dask.store import ChunkedColumn, PAGStore, StringTable
 
@@ -95,7 +95,7 @@ PROCESS_SLICE = 2048
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
                      "events_from_workers", "hook_errors", "events_dropped",
-                     "file_lists_received", "file_lists_rejected")
+                     "file_lists_received", "file_lists_rejected", "tasks_reported")
 #: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
 _QUESTIONS = frozenset({"drain", "external", "analyse", "pages", "piece"})
 #: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
@@ -104,7 +104,7 @@ _QUESTIONS = frozenset({"drain", "external", "analyse", "pages", "piece"})
 KEPT_MAX = 16
 #: The counts the process keeps, reported with what it sends.
 _PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",
-                   "file_lists_unmatched")
+                   "file_lists_unmatched", "tasks_unreported")
 
 
 class GraphProcessGone(RuntimeError):
@@ -473,6 +473,11 @@ class GraphProcess(Recorder):
         self._queued_bytes += len(batch)
         return head.events, head.version != 1
 
+    def queue_reports(self, source: Any, tasks: bytes, count: int) -> None:
+        """Queue the tasks a worker reported, as received: the process reads them."""
+        super().queue_reports(source, tasks, count)
+        self._queued_bytes += len(tasks)
+
     def apply_soon(self) -> None:
         """Send what was recorded now."""
         self.tick()
@@ -493,7 +498,8 @@ class GraphProcess(Recorder):
             size = 0
             for entry in entries:
                 piece.append(entry)
-                size += len(entry) if isinstance(entry, bytes) else _ENTRY_BYTES
+                size += (len(entry) if isinstance(entry, bytes) else len(entry[2])
+                         if entry[0] == REPORTS else _ENTRY_BYTES)
                 if len(piece) == MESSAGE_ENTRIES or size >= MESSAGE_BYTES:
                     self._post(("entries", piece))
                     piece, size = [], 0

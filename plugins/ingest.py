@@ -1,10 +1,11 @@
 """The scheduler's queue of recorded events, and the one place that applies them.
 
 Hooks and the workers' RPC handler only append to :attr:`Ingest.queue`: tuples
-in the builder's form, tasks as the transition hook recorded them
+in the builder's form, tasks as the transition hook recorded them as it sent
+them and, for those no worker reports, as they finished
 (:mod:`crux_dask.plugins.tasks`), graphs that reached the scheduler, lost
-workers, the workers' batches, and the files of tasks a worker sized after
-their completion (joined to their task's entry before it is applied). The same
+workers, the workers' batches and the tasks they report, and the files of tasks
+a worker sized after their report (joined to it before it is applied). The same
 queue entries feed an ingest in a process of its own
 (:mod:`crux_dask.plugins.graph_process`). The graph grows from the queue in
 slices of a few milliseconds each (at most ``slice_events`` events, fewer while
@@ -24,13 +25,24 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import numpy as np
 from tornado.ioloop import IOLoop
 
-from crux_dask.codec import BatchError, decode_batch, read_head
+from crux_dask.codec import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, BatchError, decode_batch, read_head
 from crux_dask.columns import EventColumns
-from crux_dask.plugins.protocol import FILES, FOLLOW, key_string
-from crux_dask.plugins.tasks import TASK, task_events
+from crux_dask.plugins.protocol import FOLLOW
+from crux_dask.plugins.tasks import (
+    DONE,
+    SENT,
+    TASK,
+    Finished,
+    Reports,
+    Sending,
+    reported_task,
+    scheduler_task,
+    task_events,
+)
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
@@ -38,7 +50,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRAPH", "LOST", "SLICE_EVENTS", "SLICE_SECONDS", "TASK_FILES", "Ingest", "Recorder"]
+__all__ = ["GRAPH", "LOST", "REPORTS", "SLICE_EVENTS", "SLICE_SECONDS", "TASK_FILES", "Ingest",
+           "Recorder", "count_reports"]
 
 #: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
 LOST = "lost"
@@ -47,9 +60,14 @@ LOST = "lost"
 #: and the tasks of the graph name it by number.
 GRAPH = "graph"
 #: First field of a ``(TASK_FILES, key string, worker, files)`` entry: the files
-#: of a task whose worker sized them after the task's completion (its entry's
-#: metadata says they :data:`~crux_dask.plugins.protocol.FOLLOW`).
+#: of a task whose worker sized them after it reported the task (whose files
+#: it reported as :data:`~crux_dask.plugins.protocol.FOLLOW`).
 TASK_FILES = "task-files"
+#: First field of a ``(REPORTS, worker, reports, count)`` entry: the tasks a
+#: worker reported with a batch (:data:`~crux_dask.plugins.protocol.TASKS`),
+#: ``count`` of them, as received (msgpack) or, once a slice took some, the
+#: rest of them unpacked.
+REPORTS = "reports"
 #: The most events applied in one slice: enough for the builder to apply
 #: routine events in windows (about a microsecond each).
 SLICE_EVENTS = 2048
@@ -64,7 +82,7 @@ SLICE_MIN = 128
 _COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
            "batches_in_columns", "batches_rejected", "batches_failed", "hook_errors",
            "file_lists_received", "file_lists_rejected", "file_lists_missing",
-           "file_lists_unmatched"]
+           "file_lists_unmatched", "tasks_reported", "tasks_unreported"]
 
 
 class Recorder:
@@ -108,19 +126,28 @@ class Recorder:
         if self.pending >= self.max_pending:
             self.apply_soon()
 
-    def receive(self, batch: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
-        """RPC handler for the workers' event batches: check and queue; never raises.
+    def receive(self, batch: bytes | None = None, tasks: bytes | None = None,
+                **kwargs: Any) -> dict[str, Any]:
+        """RPC handler for the workers' event batches and the tasks they report with
+        them (:data:`~crux_dask.plugins.protocol.TASKS`): check and queue; never raises.
 
         Returns
         -------
         dict
-            ``{"status": "OK", "accepted": n}``, or ``{"status": "rejected",
-            "error": ...}`` for a malformed batch (nothing of it is queued).
+            ``{"status": "OK", "accepted": n}`` (events and tasks), or ``{"status":
+            "rejected", "error": ...}`` for a malformed batch or report (nothing of
+            either is queued).
         """
         started = time.thread_time()
         self.counts["batches_received"] += 1
         try:
-            events, in_columns = self.queue_batch(batch)
+            reported = None if tasks is None else count_reports(tasks)
+            events, in_columns = (0, False) if batch is None and reported else (
+                self.queue_batch(batch))
+            if reported:
+                self.queue_reports(kwargs.get("source"), tasks, reported)
+                self.counts["tasks_reported"] += reported
+                events += reported
         except BatchError as error:
             self.counts["batches_rejected"] += 1
             self.last_error = f"batch rejected: {error}"
@@ -171,6 +198,11 @@ class Recorder:
         """
         raise NotImplementedError
 
+    def queue_reports(self, source: Any, tasks: bytes, count: int) -> None:
+        """Queue the ``count`` tasks a worker reported, as received (a :data:`REPORTS`
+        entry): each is checked as it is applied."""
+        self.queue.append((REPORTS, source, bytes(tasks), count))
+
     def apply_soon(self) -> None:
         """Apply (or send) the queue promptly, without doing it in the caller."""
         raise NotImplementedError
@@ -219,10 +251,14 @@ class Ingest(Recorder):
         Events the next slice may apply.
     roots : dict of int to int
         The root state of each graph, by the number :meth:`root` gave it.
+    sending : Sending
+        What the scheduler recorded of the tasks it sent, until they finish.
+    reports : Reports
+        The tasks the scheduler saw finish, until their worker reports them.
     awaiting_files, early_files : dict
-        Task entries waiting for the files their worker sizes after the
-        task's completion, and files that came before their task's entry;
-        each with when it started waiting, by (key string, worker).
+        Tasks waiting for the files their worker sizes after their report,
+        and files that came before their task; each with when it started
+        waiting, by (key string, worker).
     """
 
     def __init__(self, builder: PAGBuilder, spool: Spool, *, max_pending: int,
@@ -240,7 +276,9 @@ class Ingest(Recorder):
         self.slice_seconds = slice_seconds
         self.limit = slice_events if slice_seconds is None else min(slice_events, 4 * SLICE_MIN)
         self.roots: dict[int, int] = {}
-        self.awaiting_files: dict[tuple[str, Any], tuple[tuple, float]] = {}
+        self.sending = Sending()
+        self.reports = Reports()
+        self.awaiting_files: dict[tuple[str, Any], tuple[Finished, float]] = {}
         self.early_files: dict[tuple[str, Any], tuple[Any, float]] = {}
         self._soon = False  # a callback that applies the next slice is scheduled
 
@@ -272,7 +310,7 @@ class Ingest(Recorder):
                     self.counts["events_applied"] += 1
                     continue
                 self.queue.append(entry)
-                self.pending += 1
+                self.pending += entry[3] if entry[0] == REPORTS else 1
             else:
                 try:
                     self.pending += self.queue_batch(entry)[0]
@@ -352,42 +390,59 @@ class Ingest(Recorder):
                 room -= 1
             while queue and room > 0:
                 item = queue[0]
-                in_columns = isinstance(item, EventColumns)
-                size = len(item) if in_columns else 1
-                if size > room:  # a batch too large for what is left
-                    size = room
-                    item, queue[0] = item.rows(0, size), item.rows(size, len(item))
-                else:
-                    queue.popleft()
-                taken += size
-                room -= size
-                if in_columns:
+                if isinstance(item, EventColumns):
+                    if len(item) > room:  # a batch too large for what is left
+                        item, queue[0] = item.rows(0, room), item.rows(room, len(item))
+                    else:
+                        queue.popleft()
+                    taken += len(item)
+                    room -= len(item)
                     if events:
                         parts.append(EventColumns.from_events(events))
                         events = []
                     parts.append(item)
-                elif item[0] == TASK or item[0] == TASK_FILES:
-                    item = self._join_files(item, now)
-                    if item is None:  # waits for its files, or they for it
-                        continue
-                    try:
-                        unfolded = task_events(item, self.roots)
-                    except Exception as error:
-                        refuse(item, error)
-                    else:
-                        fits = max(room, 0) + 1
-                        events.extend(unfolded[:fits])
-                        backlog.extend(unfolded[fits:])
-                        room -= min(len(unfolded), fits) - 1
-                elif item[0] == LOST:  # what the worker held is gone
-                    self._apply_run(parts, events, now, refuse)
-                    parts, events = [], []
-                    try:
-                        self.builder.lose(item[1], item[2])
-                    except Exception as error:
-                        refuse(item, error)
+                    continue
+                kind = item[0]
+                if kind == REPORTS:
+                    tasks, size = self._take_reports(room, refuse)
                 else:
-                    events.append(item)
+                    queue.popleft()
+                    tasks, size = (), 1
+                taken += size
+                room -= size
+                try:
+                    if kind == SENT:
+                        self.sending.record(item)
+                    elif kind == DONE:
+                        self.reports.done(item, now)
+                    elif kind == TASK:
+                        tasks = (scheduler_task(item),)
+                    elif kind == TASK_FILES:
+                        tasks = self._files_came(item, now)
+                    elif kind == LOST:  # what the worker held is gone
+                        for task in self._unreported(item[1], None):
+                            events += self._events_of(task, now, refuse)
+                        self._apply_run(parts, events, now, refuse)
+                        parts, events = [], []
+                        self.builder.lose(item[1], item[2])
+                    elif kind != REPORTS:
+                        events.append(item)
+                except Exception as error:
+                    refuse(item, error)
+                for task in tasks:
+                    if kind != TASK_FILES:
+                        task = self._task_came(task, now)
+                        if task is None:  # waits for its files
+                            continue
+                    try:
+                        unfolded = task_events(task, self.roots)
+                    except Exception as error:
+                        refuse(task, error)
+                        continue
+                    fits = max(room, 0) + 1
+                    events.extend(unfolded[:fits])
+                    backlog.extend(unfolded[fits:])
+                    room -= min(len(unfolded), fits) - 1
             self._apply_run(parts, events, now, refuse)
         finally:
             self.pending -= taken
@@ -435,29 +490,79 @@ class Ingest(Recorder):
             columns = columns.take(order)
         self.builder.apply_columns(columns, now, on_error=refuse)
 
-    def _join_files(self, item: tuple, now: float) -> tuple | None:
-        """A task's entry with its files, if they follow it; ``None`` while either waits.
+    def _take_reports(self, room: int, refuse: Any) -> tuple[list[Finished], int]:
+        """The tasks of the :data:`REPORTS` entry at the head of the queue, at most
+        ``room`` of them (the rest stay at the head, unpacked), and how many were taken.
 
-        ``item`` is a task's entry or a :data:`TASK_FILES` entry; what
-        :func:`task_events` should take is returned once both are here.
+        A report that cannot be unpacked is refused whole, one that is not of
+        :func:`~crux_dask.plugins.tasks.reported_task`'s form alone.
         """
-        if item[0] == TASK_FILES:
-            join = (item[1], item[2])
-            waiting = self.awaiting_files.pop(join, None)
-            if waiting is None:
-                self.early_files[join] = (item[3], now)
-                return None
-            return _with_files(waiting[0], item[3])
-        metadata = item[-1]
-        files = metadata.get(FILES) if type(metadata) is dict else None
+        _, source, reports, count = self.queue[0]
+        if not isinstance(reports, list):
+            try:
+                reports = unpack_reports(reports)
+            except (BatchError, ValueError) as error:
+                self.queue.popleft()
+                for _ in range(count):
+                    refuse(reports, error)
+                return [], count
+        if len(reports) > room:
+            self.queue[0] = (REPORTS, source, reports[room:], len(reports) - room)
+            reports = reports[:room]
+        else:
+            self.queue.popleft()
+        tasks = []
+        now = time.monotonic()
+        for report in reports:
+            try:
+                task = reported_task(report, source)
+            except ValueError as error:
+                refuse(report, error)
+            else:
+                self.reports.reported(task, now)
+                tasks.append(task)
+        return tasks, len(reports)
+
+    def _unreported(self, worker: Any, older_than: float | None) -> list[Finished]:
+        """:meth:`Reports.unreported <crux_dask.plugins.tasks.Reports.unreported>`, counted
+        as ``tasks_unreported``."""
+        tasks = self.reports.unreported(worker, older_than)
+        self.counts["tasks_unreported"] += len(tasks)
+        return tasks
+
+    def _events_of(self, task: Finished, now: float, refuse: Any) -> list[tuple]:
+        """The builder's events of a task from the scheduler alone; none if it waits."""
+        task = self._task_came(task, now)
+        if task is None:
+            return []
+        try:
+            return task_events(task, self.roots)
+        except Exception as error:
+            refuse(task, error)
+            return []
+
+    def _task_came(self, task: Finished, now: float) -> Finished | None:
+        """``task`` with what the scheduler recorded as it sent it, and its files if
+        they follow it; ``None`` while it waits for them."""
+        task = task._replace(sent=self.sending.take(task.key))
+        files = task.files
         if not (type(files) in (tuple, list) and len(files) == 3 and files[2] == FOLLOW):
-            return item
-        join = (key_string(item[1]), item[3])
+            return task
+        join = (task.key, task.worker)
         early = self.early_files.pop(join, None)
         if early is None:
-            self.awaiting_files[join] = (item, now)
+            self.awaiting_files[join] = (task, now)
             return None
-        return _with_files(item, early[0])
+        return _with_files(task, early[0])
+
+    def _files_came(self, item: tuple, now: float) -> tuple[Finished, ...]:
+        """The task a :data:`TASK_FILES` entry completes, if it came before them."""
+        join = (item[1], item[2])
+        waiting = self.awaiting_files.pop(join, None)
+        if waiting is None:
+            self.early_files[join] = (item[3], now)
+            return ()
+        return (_with_files(waiting[0], item[3]),)
 
     def _release_files(self, older_than: float | None) -> None:
         """Apply the tasks that waited for their files since before ``older_than`` (all:
@@ -468,9 +573,9 @@ class Ingest(Recorder):
             self.counts["file_lists_missing"] += len(late)
             events = []
             for join in late:
-                entry = self.awaiting_files.pop(join)[0]
+                task = self.awaiting_files.pop(join)[0]
                 try:
-                    events += task_events(_with_files(entry, []), self.roots)
+                    events += task_events(_with_files(task, []), self.roots)
                 except Exception as error:
                     self.counts["events_failed"] += 1
                     self.last_error = f"{type(error).__name__}: {error}"
@@ -490,10 +595,17 @@ class Ingest(Recorder):
         """Give waiting events a stand-in: those waiting since before ``older_than``, or all.
 
         Tasks that waited as long for the files their worker sizes after
-        them go without (counted as ``file_lists_missing``).
+        them go without (counted as ``file_lists_missing``); tasks whose
+        report waited as long are recorded from what the scheduler saw
+        (``tasks_unreported``).
         """
         started = time.perf_counter(), time.thread_time()
         self._release_files(older_than)
+        events = [event for task in self._unreported(None, older_than)
+                  for event in self._events_of(task, time.monotonic(), self._refused)]
+        if events:
+            self.builder.apply_many(_in_time_order(events), time.monotonic(),
+                                    on_error=self._refused)
         self.builder.resolve_parked(older_than)
         self._spool_if_due()
         self._took(started)
@@ -510,11 +622,47 @@ class Ingest(Recorder):
             self.builder = self.spool.spool(self.builder)
 
 
-def _with_files(entry: tuple, files: Any) -> tuple:
-    """A task's entry whose metadata's files are ``files`` instead of the mark that they follow."""
-    metadata = entry[-1]
-    io, host, _ = metadata[FILES]
-    return (*entry[:-1], {**metadata, FILES: (io, host, files)})
+def _with_files(task: Finished, files: Any) -> Finished:
+    """``task`` whose files are ``files`` instead of the mark that they follow."""
+    io, host, _ = task.files
+    return task._replace(files=(io, host, files))
+
+
+def count_reports(tasks: Any) -> int:
+    """How many tasks a worker's report holds (:data:`~crux_dask.plugins.protocol.TASKS`),
+    read from its head only.
+
+    Raises
+    ------
+    BatchError
+        If it is not msgpack bytes of an array, or too large.
+    """
+    if not isinstance(tasks, (bytes, bytearray, memoryview)):
+        raise BatchError(f"tasks must be msgpack bytes, got {type(tasks).__name__}")
+    if len(tasks) > MAX_BATCH_BYTES:
+        raise BatchError(f"tasks of {len(tasks)} bytes, more than {MAX_BATCH_BYTES}")
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(tasks), 1))
+    unpacker.feed(tasks)
+    try:
+        count = unpacker.read_array_header()
+    except Exception as error:  # msgpack raises several unrelated types
+        raise BatchError(f"tasks are not a msgpack array: {error}") from None
+    if count > MAX_BATCH_EVENTS:
+        raise BatchError(f"{count} tasks, more than {MAX_BATCH_EVENTS}")
+    return count
+
+
+def unpack_reports(tasks: bytes) -> list:
+    """The tasks of a worker's report, unpacked (not checked: see
+    :func:`~crux_dask.plugins.tasks.reported_task`)."""
+    try:
+        reports = msgpack.unpackb(tasks, raw=False, strict_map_key=False,
+                                  max_bin_len=0, max_ext_len=0)
+    except Exception as error:
+        raise BatchError(f"tasks are not valid msgpack: {error}") from None
+    if not isinstance(reports, list):
+        raise BatchError("tasks are not a msgpack array")
+    return reports
 
 
 def _in_time_order(events: list[tuple]) -> list[tuple]:

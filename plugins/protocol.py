@@ -1,4 +1,5 @@
-"""What both ends of the wire agree on: the plugins' name, the RPC handler, key strings.
+"""What both ends of the wire agree on: the plugins' name, the RPC handlers, what a
+worker reports of a task, key strings.
 
 Workers import this module, never the scheduler side: it needs nothing but the
 standard library.
@@ -9,29 +10,46 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW", "MOMENTS", "PLUGIN_NAME",
-           "SHARDS", "key_string"]
+           "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
 #: The scheduler RPC handler that receives the workers' event batches.
 EVENTS_HANDLER = "crux_events"
-#: Where a worker leaves a task's moments in the task's ``metadata``:
-#: ``[received, runnable]``.  distributed sends the metadata to the scheduler
-#: with the task's completion, so the moments cost no message of their own.
+#: The scheduler RPC handler's argument that carries, with a batch, the tasks the
+#: worker finished: msgpack of an array of arrays, one per task, of
+#: :data:`REPORT_FIELDS`.
+TASKS = "tasks"
+#: What a worker reports of each task it finished, in this order: the key (as
+#: :func:`key_string` gives it), the thread it ran in, its ``compute`` start and
+#: stop (in the scheduler's clock), the bytes it made, its inputs' keys, its
+#: prefix and group (as the scheduler names them), its ``crux`` annotation (or
+#: None), its priority (or None), when it reached the worker and when all its
+#: inputs were there (or None), and the shards a P2P transfer task split its
+#: data into (``[split time, [[destination, bytes], ...]]``, or None).
+REPORT_FIELDS = ("key", "thread", "start", "stop", "nbytes", "inputs", "prefix", "group",
+                 "annotation", "priority", "received", "runnable", "shards")
+#: Where a worker marks, in a task's ``metadata``, that it reports the task when
+#: it finishes: distributed sends the metadata to the scheduler with the task's
+#: completion, which tells the scheduler to record only what it alone knows.
+REPORTED = "crux-reported"
+#: A task that opened files is not reported: the scheduler records it whole, in
+#: the order tasks finish across workers, which a file read after it was written
+#: elsewhere must keep.  Its worker leaves in its ``metadata``, the same way,
+#: the task's moments (``[received, runnable]``) here,
 MOMENTS = "crux"
-#: Where a worker leaves, the same way, the files a task opened:
-#: ``[io seconds or None, host, [[path, written, size], ...]]``; for a task that
-#: opened many, whose sizes are taken after its completion is sent, the list is
-#: :data:`FOLLOW`: the worker sends it later, through :data:`FILES_HANDLER`.
+#: the files it opened (``[io seconds or None, host, [[path, written, size],
+#: ...]]``; for a task that opened many, whose sizes are taken after its
+#: completion is sent, the list is :data:`FOLLOW`: the worker sends it later,
+#: through :data:`FILES_HANDLER`) here,
 FILES = "crux-files"
+#: and the shards it made, as in a report, here.
+SHARDS = "crux-shards"
 #: The files of a task's ``FILES`` metadata that the worker sends after it.
 FOLLOW = "follow"
 #: The scheduler RPC handler that receives those files:
 #: ``files=[[key string, [[path, written, size], ...]], ...]``.
 FILES_HANDLER = "crux_files"
-#: Where a worker leaves, the same way, when a P2P transfer task split its input
-#: partition and into which shards: ``[time, [[destination worker, bytes], ...]]``.
-SHARDS = "crux-shards"
 
 
 def key_string(key: Any) -> str:

@@ -26,10 +26,16 @@ from crux_dask.build.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
 from crux_dask.plugins.ingest import LOST, Ingest
-from crux_dask.plugins.protocol import EVENTS_HANDLER, FILES_HANDLER, PLUGIN_NAME, key_string
+from crux_dask.plugins.protocol import (
+    EVENTS_HANDLER,
+    FILES_HANDLER,
+    PLUGIN_NAME,
+    REPORTED,
+    key_string,
+)
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import KeptPieces, Pieces, Staging
-from crux_dask.plugins.tasks import TASK
+from crux_dask.plugins.tasks import DONE, SENT, TASK
 from crux_dask.plugins.transitions import TransitionLog
 
 if TYPE_CHECKING:
@@ -135,11 +141,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
                                  park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
-        # Tasks on their way to or on a worker: key -> (when sent, who freed its queue
-        # slot[, when first sent, for a task taken back from a worker and sent again]).
-        self.sent: dict[Any, tuple] = {}
-        # Tasks taken back from a worker, to be sent again: when they were first sent.
-        self.resent: dict[Any, float] = {}
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
         self.erred: dict[str, dict[str, Any]] = {}
@@ -197,49 +198,55 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
+        # What only the scheduler knows of a task is recorded as it is sent; what its
+        # worker knows, the worker reports (see crux_dask.plugins.tasks).
         try:
             if self.record_transitions:
                 self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
-                sent = (time.time(), (freed_by, freed_on) if (
-                    start == "queued" and stimulus == stimulus_id) else None)
-                if self.resent and key in self.resent:  # sent before, and taken back
-                    sent += (self.resent.pop(key),)
-                self.sent[key] = sent
+                ingest = self.ingest
+                ingest.queue.append((SENT, key, time.time(), (freed_by, freed_on) if (
+                    start == "queued" and stimulus == stimulus_id) else None,
+                    self.graph_roots.pop(key, -1)))
+                ingest.pending += 1
+                if ingest.pending >= ingest.max_pending:
+                    ingest.apply_soon()  # only scheduled: the hook itself applies nothing
                 return
             if start != "processing" or finish not in ("memory", "erred"):
-                if finish == "forgotten":  # never ran, or ran already: its root is not needed
+                if finish == "forgotten":  # never ran: its root is not needed
                     self.graph_roots.pop(key, None)
-                    if self.resent:
-                        self.resent.pop(key, None)
-                elif start == "processing":  # rescheduled, lost: it will be sent again
-                    sent = self.sent.pop(key, None)
-                    if sent is not None:
-                        self.resent.setdefault(key, sent[-1] if len(sent) > 2 else sent[0])
                 return
             worker = kwargs.get("worker")
             self.last_finished = (stimulus_id, key, worker)
+            ingest = self.ingest
+            if finish == "memory":
+                metadata = kwargs.get("metadata")
+                if metadata and REPORTED in metadata:  # its worker reports the rest
+                    ingest.queue.append((DONE, key, worker, time.time(),
+                                         kwargs.get("nbytes") or 0))
+                    ingest.pending += 1
+                    if ingest.pending >= ingest.max_pending:
+                        ingest.apply_soon()
+                    return
+            else:
+                self.erred[key_string(key)] = {
+                    "worker": worker, "time": time.time(),
+                    "exception": kwargs.get("exception_text"),
+                }
             ts = self.scheduler.tasks.get(key)
             if ts is None:
                 return
-            annotation = ts.annotations.get("crux") if ts.annotations else None
-            ingest = self.ingest
             ingest.queue.append((
-                TASK, key, finish, worker, kwargs.get("thread"),
-                kwargs.get("startstops"), kwargs.get("nbytes") or 0,
-                [dts.key for dts in ts.dependencies], ts.prefix.name, ts.group.name,
-                annotation, self.graph_roots.pop(key, -1), self.sent.pop(key, None),
-                ts.priority, kwargs.get("metadata"),
+                TASK, key, finish, worker, kwargs.get("thread"), kwargs.get("startstops"),
+                kwargs.get("nbytes") or 0, [dts.key for dts in ts.dependencies],
+                ts.prefix.name, ts.group.name,
+                ts.annotations.get("crux") if ts.annotations else None, ts.priority,
+                kwargs.get("metadata"),
             ))
-            if finish == "erred":
-                self.erred[key_string(key)] = {
-                    "worker": kwargs.get("worker"), "time": time.time(),
-                    "exception": kwargs.get("exception_text"),
-                }
             ingest.pending += 1
             if ingest.pending >= ingest.max_pending:
-                ingest.apply_soon()  # only scheduled: the hook itself applies nothing
+                ingest.apply_soon()
         except Exception as error:
             self.ingest.failed("transition", error)
 

@@ -10,8 +10,7 @@ table, or the arrays' ``nbytes``):
 
 * in the transfer task's thread, when its partition was split and into
   which shards, ``[split time, [[destination worker, bytes], ...]]``, kept by
-  task until the task is done and then left in its metadata, to reach the
-  scheduler with its completion;
+  task until the task is done and then reported with it;
 * on the event loop, each message the comm buffer sent: the shards in it
   moved from this worker's memory to the destination (its memory, or its
   disk where the shuffle writes what it receives to disk), from the send's

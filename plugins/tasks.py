@@ -1,21 +1,37 @@
-"""What the scheduler's transition hook records about a task, and how it is read.
+"""A finished task as the scheduler and its worker recorded it, and the builder's events of it.
 
-The hook keeps the entry in the scheduler's own terms, which costs it one
-tuple; :func:`task_events` turns it into the builder's events later, when the
-ingest applies it: the task's ``compute``, and around it the files it read
-and wrote and the shards it split its data into.
+Each side records what only it knows.  The worker reports what the task did
+(:data:`~crux_dask.plugins.protocol.REPORT_FIELDS`: its run, inputs, size,
+priority and moments, the shards it made) in its next batch; the scheduler
+records, as it sends the task, when it did, which finished task freed the
+queue slot it waited for, and the graph it came in (a :data:`SENT` entry).  The
+ingest joins the two by the task's key (:class:`Sending`), and
+:func:`task_events` makes the builder's events of them.  The scheduler also
+notes that the task finished, and where (a :data:`DONE` entry): a worker that
+dies takes with it what it had not sent yet, and its tasks are then recorded
+from what the scheduler knows (:class:`Reports`).
+
+A task no worker reports is recorded whole by the scheduler as it finishes, a
+:data:`TASK` entry: one that failed, one that ran on a worker without Crux,
+and one that opened files, whose worker leaves what only it knows in the
+task's metadata instead (:data:`~crux_dask.plugins.protocol.FILES`): the
+workers' reports reach the scheduler in batches, each worker's in its own
+order, but a task that reads a file another task wrote elsewhere must come
+after it.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from crux_dask.model import file_location
-from crux_dask.plugins.protocol import FILES, MOMENTS, SHARDS, key_string
+from crux_dask.plugins.protocol import FILES, MOMENTS, REPORT_FIELDS, SHARDS, key_string
 
-__all__ = ["TASK", "priority_number", "task_events"]
+__all__ = ["DONE", "SENT", "TASK", "Finished", "Reports", "Sending", "priority_number",
+           "reported_task", "scheduler_task", "task_events"]
 
 #: Scales of :func:`priority_number`: a task's order within its graph stays
 #: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
@@ -23,30 +39,201 @@ _NAN = float("nan")
 _ORDER_SCALE = 2.0**32
 _GENERATION_SCALE = 2.0**20
 
-#: First field of the queue entries the transition hook records: a task that
-#: finished or failed, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, root, sent, priority, metadata)``:
-#: ``sent`` is ``(when the scheduler sent it, (key, worker) of the task that
-#: freed its queue slot or None[, when it first sent it, for a task it took
-#: back and sent again])``, ``priority`` the task's priority tuple and
-#: ``metadata`` what its worker sent with its completion, where the worker
-#: plugin leaves the task's moments (``[received, runnable]``), the files it
-#: opened (``[io, host, [[path, written, size], ...]]``) and the shards of a
-#: P2P transfer task (``[split time, [[destination, bytes], ...]]``).
+#: First field of the queue entry of a task the scheduler sent to a worker,
+#: ``(SENT, key, time, freed, root)``: ``freed`` is ``(key, worker)`` of the
+#: finished task that freed the queue slot it waited for, or None; ``root`` the
+#: number the scheduler gave its graph (-1: unknown).
+SENT = "sent"
+#: First field of the queue entry of a task the scheduler saw finish and its
+#: worker reports, ``(DONE, key, worker, time, nbytes)``.
+DONE = "done"
+#: First field of the queue entry of a task the scheduler records whole as it
+#: finishes, ``(TASK, key, finish, worker, thread, startstops, nbytes,
+#: dependencies, prefix, group, annotation, priority, metadata)``, in
+#: distributed's terms: ``metadata`` is what its worker sent with its completion.
 TASK = "task"
+#: Tasks sent and not reported finished that :class:`Sending` keeps, at most.
+SENDING_MAX = 1_000_000
 
 
-def task_events(item: Sequence[Any], roots: Mapping[int, int] | None = None) -> list[tuple]:
-    """The builder's events of a :data:`TASK` entry of the queue.
+class Finished(NamedTuple):
+    """A task that finished, as :func:`task_events` reads it.
 
-    ``roots`` maps the entry's ``root`` (a number the scheduler gave its
-    graph) to the root state; without it, ``root`` is the state.
+    ``sent`` is what the scheduler recorded as it sent the task
+    (:meth:`Sending.take`), None if nothing.
+    """
 
-    The task's ``compute`` event: start and stop come from the task's
-    ``compute`` interval, kind, label, location and reads from its ``crux``
-    annotation; a failed task makes a state of size zero whose origin is
-    ``erred``.  Moments a worker left in a form other than two times or None
-    are ignored.
+    key: str
+    erred: bool
+    worker: str
+    thread: Any
+    start: float | None
+    stop: float | None
+    nbytes: int
+    inputs: tuple[str, ...]
+    prefix: Any
+    group: Any
+    annotation: Any
+    priority: Any
+    received: float | None = None
+    runnable: float | None = None
+    files: Any = None
+    shards: Any = None
+    sent: tuple | None = None
+
+
+def scheduler_task(entry: tuple) -> Finished:
+    """The task of a :data:`TASK` entry: its ``compute`` interval, if any, is its run;
+    its moments, files and shards are what its worker left in its metadata.  Moments
+    in a form other than two times or None are left out."""
+    (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
+     annotation, priority, metadata) = entry
+    start = stop = None
+    for interval in startstops or ():
+        if interval.get("action") == "compute":
+            start, stop = interval["start"], interval["stop"]
+    if isinstance(metadata, dict):
+        moments, files, shards = (metadata.get(MOMENTS), metadata.get(FILES),
+                                  metadata.get(SHARDS))
+    else:
+        moments = files = shards = None
+    received, runnable = _moments(moments)
+    return Finished(key_string(key), finish == "erred", worker, thread, start, stop,
+                    nbytes or 0, tuple(key_string(d) for d in dependencies), prefix, group,
+                    annotation, priority, received, runnable, files, shards)
+
+
+def reported_task(row: Any, worker: str) -> Finished:
+    """The task a worker reported (:data:`~crux_dask.plugins.protocol.REPORT_FIELDS`).
+
+    Raises
+    ------
+    ValueError
+        If the report is not in that form.  Moments that are not times, and
+        shards in another form, are only left out (see :func:`task_events`).
+    """
+    if not (isinstance(row, (list, tuple)) and len(row) == len(REPORT_FIELDS)):
+        raise ValueError(f"a task's report is an array of {len(REPORT_FIELDS)} fields")
+    (key, thread, start, stop, nbytes, inputs, prefix, group, annotation, priority,
+     received, runnable, shards) = row
+    if type(key) is not str:
+        raise ValueError(f"a reported task's key must be a string, got {key!r}")
+    if not (_is_time(start) and _is_time(stop) and start <= stop):
+        raise ValueError(f"task {key!r}: start and stop must be times in order")
+    if not (type(nbytes) is int and nbytes >= 0):
+        raise ValueError(f"task {key!r}: nbytes must be an integer >= 0")
+    if not (isinstance(inputs, (list, tuple)) and all(type(i) is str for i in inputs)):
+        raise ValueError(f"task {key!r}: inputs must be an array of keys")
+    if thread is not None and type(thread) is not int:
+        raise ValueError(f"task {key!r}: thread must be an integer or None")
+    received, runnable = _moments((received, runnable))
+    return Finished(key, False, worker, thread, start, stop, nbytes, tuple(inputs),
+                    prefix if type(prefix) is str else None,
+                    group if type(group) is str else None, annotation,
+                    tuple(priority) if isinstance(priority, list) else priority,
+                    received, runnable, None, shards)
+
+
+class Sending:
+    """What the scheduler recorded of each task it sent, until the task is reported.
+
+    A task sent again before it was reported (taken back from a worker, or
+    its worker lost) keeps when it was first sent.  At most
+    :data:`SENDING_MAX` tasks are kept, the oldest dropped first (tasks
+    released before they finished are never reported): ``dropped`` counts them.
+    """
+
+    def __init__(self, most: int = SENDING_MAX) -> None:
+        self.most = most
+        self.dropped = 0
+        # key string -> (root number, when sent, freed key or None, freed worker or
+        # None, when first sent if sent before, else None)
+        self.tasks: dict[str, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def record(self, entry: tuple) -> None:
+        """Keep a :data:`SENT` entry."""
+        _, key, when, freed, root = entry
+        name = key_string(key)
+        before = self.tasks.pop(name, None)
+        first = None
+        if before is not None:  # taken back and sent again
+            first = before[4] if before[4] is not None else before[1]
+            if root == -1:
+                root = before[0]
+        elif len(self.tasks) >= self.most:
+            del self.tasks[next(iter(self.tasks))]
+            self.dropped += 1
+        freed_key, freed_worker = (None, None) if freed is None else (
+            key_string(freed[0]), freed[1])
+        self.tasks[name] = (root, when, freed_key, freed_worker, first)
+
+    def take(self, name: str) -> tuple | None:
+        """What was recorded as the task ``name`` was sent, now that it finished."""
+        return self.tasks.pop(name, None)
+
+
+class Reports:
+    """The tasks the scheduler saw finish (:data:`DONE`), until their worker's report comes.
+
+    A report usually comes after the scheduler saw the task finish (each
+    worker sends its reports in batches), rarely before: either waits for the
+    other, by key and worker.  The tasks whose report never came (their worker
+    died, or it waited longer than the ingest waits for anything) are
+    recorded from what the scheduler saw: where, when it finished and its size.
+    """
+
+    def __init__(self) -> None:
+        # (key string, worker) -> (DONE entry, when it started waiting)
+        self.awaited: dict[tuple[str, Any], tuple[tuple, float]] = {}
+        # (key string, worker) -> when a report came before its DONE
+        self.early: dict[tuple[str, Any], float] = {}
+
+    def done(self, entry: tuple, now: float) -> None:
+        """The scheduler saw a task finish (a :data:`DONE` entry)."""
+        join = (key_string(entry[1]), entry[2])
+        if self.early.pop(join, None) is None:
+            self.awaited[join] = (entry, now)
+
+    def reported(self, task: Finished, now: float) -> None:
+        """``task``'s worker reported it."""
+        join = (task.key, task.worker)
+        if self.awaited.pop(join, None) is None:
+            self.early[join] = now
+
+    def unreported(self, worker: Any = None, older_than: float | None = None
+                   ) -> list[Finished]:
+        """The tasks whose report did not come, as the scheduler saw them finish: those
+        of ``worker`` if given, else those waiting since before ``older_than`` (all:
+        ``None``).  Reports that came early and waited as long are let go."""
+        if worker is not None:
+            late = [join for join in self.awaited if join[1] == worker]
+        else:
+            late = [join for join, (_, since) in self.awaited.items()
+                    if older_than is None or since < older_than]
+            for join in [join for join, since in self.early.items()
+                         if older_than is None or since < older_than]:
+                del self.early[join]
+        tasks = []
+        for join in late:
+            _, _, where, when, nbytes = self.awaited.pop(join)[0]
+            tasks.append(Finished(join[0], False, where, None, when, when, nbytes, (), None,
+                                  None, None, None))
+        return tasks
+
+
+def task_events(task: Finished, roots: Mapping[int, int] | None = None) -> list[tuple]:
+    """The builder's events of a finished task.
+
+    ``roots`` maps the number the scheduler gave the task's graph to the root
+    state; without it, the number is the state.
+
+    The task's ``compute`` event: start and stop are its run's (now, for a
+    task that has none), kind, label, location and reads come from its
+    ``crux`` annotation; a failed task makes a state of size zero whose origin
+    is ``erred``.
 
     Before it, a ``file`` event for each file the task read; after it, one
     for each file it wrote, and a ``shard`` event for each shard a P2P
@@ -54,21 +241,13 @@ def task_events(item: Sequence[Any], roots: Mapping[int, int] | None = None) -> 
     (``reads``, ``location``, ``mutation``) and a failed one have none; nor
     have files and shards reported in any other form than the worker's.
     """
-    (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, root, sent, priority, metadata) = item
+    root, sent_at, freed_key, freed_on, first = task.sent or (-1, None, None, None, None)
     if roots is not None:
         root = roots.get(root, -1)
-    if isinstance(metadata, dict):
-        moments, files, shards = (metadata.get(MOMENTS), metadata.get(FILES),
-                                  metadata.get(SHARDS))
-    else:
-        moments = files = shards = None
-    start = stop = None
-    for interval in startstops or ():
-        if interval.get("action") == "compute":
-            start, stop = interval["start"], interval["stop"]
+    start, stop = task.start, task.stop
     if stop is None:
         start = stop = time.time()
+    annotation = task.annotation
     kind = label = location = reads = None
     if isinstance(annotation, dict):
         kind = annotation.get("mutation")
@@ -76,18 +255,16 @@ def task_events(item: Sequence[Any], roots: Mapping[int, int] | None = None) -> 
         location = annotation.get("location")
         reads = annotation.get("reads")
         reads = tuple(reads) if isinstance(reads, (list, tuple)) else None
-    erred = finish == "erred"
-    sent_at, freed, *first = sent if sent is not None else (None, None)
-    received, runnable = _moments(moments)
-    name = key_string(key)
+    erred = task.erred
+    name, worker, inputs = task.key, task.worker, task.inputs
     told = location is not None or reads is not None or kind is not None  # the annotation wins
+    files = task.files
     io, host, opened = (None, None, ()) if erred or told or files is None else _files(files)
-    inputs = tuple(key_string(d) for d in dependencies)
-    compute = ("compute", name, worker, thread, start, stop, 0 if erred else nbytes,
-               inputs, root, label or prefix, group, kind, location,
-               "erred" if erred else None, reads, sent_at, received, runnable,
-               *((key_string(freed[0]), freed[1]) if freed is not None else (None, None)),
-               priority_number(priority), io, first[0] if first else None)
+    compute = ("compute", name, worker, task.thread, start, stop, 0 if erred else task.nbytes,
+               inputs, root, label or task.prefix, task.group, kind, location,
+               "erred" if erred else None, reads, sent_at, task.received, task.runnable,
+               freed_key, freed_on, priority_number(task.priority), io, first)
+    shards = task.shards
     split, made = (stop, ()) if erred or told or shards is None else _shards(shards, start,
                                                                               stop)
     if not opened and not made:
@@ -124,7 +301,7 @@ def priority_number(priority: Any) -> float | None:
 
 
 def _files(files: Any) -> tuple[float | None, str | None, list[tuple[str, bool, int]]]:
-    """``(io, host, [(path, written, size), ...])`` from what a worker left in the metadata.
+    """``(io, host, [(path, written, size), ...])`` from what a worker reported.
 
     Files that are gone (size ``-1``) are left out; anything not in the
     worker's form gives no files.  ``io`` is NaN where the worker could not
@@ -144,7 +321,7 @@ def _files(files: Any) -> tuple[float | None, str | None, list[tuple[str, bool, 
 
 
 def _shards(shards: Any, start: float, stop: float) -> tuple[float, list[tuple[str, int]]]:
-    """``(split time, [(destination, bytes), ...])`` from what a worker left in the metadata.
+    """``(split time, [(destination, bytes), ...])`` from what a worker reported.
 
     The split time is the task's stop unless the worker's lies within the
     task's run; anything not in the worker's form gives no shards.
@@ -162,8 +339,13 @@ def _shards(shards: Any, start: float, stop: float) -> tuple[float, list[tuple[s
 
 
 def _moments(moments: Any) -> tuple[float | None, float | None]:
-    """``(received, runnable)`` from what a worker left in the task's metadata."""
-    if isinstance(moments, (list, tuple)) and len(moments) == 2 and all(
-            m is None or (type(m) is float and m - m == 0.0) for m in moments):
-        return moments[0], moments[1]
-    return None, None
+    """``(received, runnable)`` as a worker recorded them: times, or None."""
+    if not (isinstance(moments, (list, tuple)) and len(moments) == 2):
+        return None, None
+    received, runnable = moments
+    return (received if _is_time(received) else None,
+            runnable if _is_time(runnable) else None)
+
+
+def _is_time(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value)

@@ -1,18 +1,25 @@
 """The worker side: what only a worker sees, sent to the scheduler in batches.
 
-Recorded here: data fetched from other workers (with its source and the
-transfer's own start and stop), data scattered by the client and gathered back
-to it, spill to disk and load back, data released, and the shards P2P shuffles
-send (:mod:`crux_dask.plugins.shuffles`).  The files a task opened
-(:mod:`crux_dask.plugins.files`), the shards a P2P transfer task made and a
-task's moments travel in the task's metadata instead, with its completion;
-the files of a task that opened more than :data:`FILES_INLINE` are sized in a
-thread of their own and follow through the ``crux_files`` handler, so that
-neither the completion nor the event loop waits for thousands of ``stat``.
-Hooks append one tuple
-to a buffer; a periodic callback packs the buffer with msgpack and sends it to
-the scheduler's ``crux_events`` handler, one round trip per batch, one batch
-in flight at a time.
+Recorded here: each task this worker finished (what distributed's scheduler
+knows of it too, and what only the worker knows: when it arrived and when its
+inputs were all there, the shards a P2P transfer task made), data fetched
+from other workers (with its source and the transfer's own start and stop),
+data scattered by the client and gathered back to it, spill to disk and load
+back, data released, and the shards P2P shuffles send
+(:mod:`crux_dask.plugins.shuffles`).  A task is reported here, not by the
+scheduler's hook, because the worker has every field of it at hand and spends
+a few microseconds on it where the scheduler, which serves every worker, would
+spend more (see :mod:`crux_dask.plugins.tasks`); the task's metadata only
+carries a mark that says so (:data:`~crux_dask.plugins.protocol.REPORTED`).
+A task that opened files (:mod:`crux_dask.plugins.files`) is the exception:
+its moments, files and shards travel in its metadata, with its completion, and
+the scheduler records it.  The files of a task that opened more than
+:data:`FILES_INLINE` are sized in a thread of their own and follow through
+the ``crux_files`` handler, so that neither the completion nor the event loop
+waits for thousands of ``stat``.  Hooks append one tuple
+(a task, one list) to a buffer; a periodic callback packs the buffer with
+msgpack and sends it to the scheduler's ``crux_events`` handler, one round
+trip per batch, one batch in flight at a time.
 
 The plugin is a guest: it replaces none of the worker's handlers (data a
 client gathered is read from the worker's own log of outgoing transfers; the
@@ -33,7 +40,9 @@ from itertools import islice
 from time import time
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.utils import key_split_group
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.codec import encode_batch
@@ -47,7 +56,9 @@ from crux_dask.plugins.protocol import (
     FOLLOW,
     MOMENTS,
     PLUGIN_NAME,
+    REPORTED,
     SHARDS,
+    TASKS,
     key_string,
 )
 from crux_dask.plugins.shuffles import ShardRecorder
@@ -71,7 +82,7 @@ FILES_INLINE = 64
 
 
 class CruxWorkerPlugin(WorkerPlugin):
-    """Record a worker's transfers, spills and releases for the scheduler's graph.
+    """Record a worker's tasks, transfers, spills and releases for the scheduler's graph.
 
     Parameters
     ----------
@@ -129,6 +140,11 @@ class CruxWorkerPlugin(WorkerPlugin):
         self.memory = memory_location(worker.address)
         self.disk = disk_location(worker.address)
         self.buffer: list[tuple] = []
+        # Tasks finished, as the scheduler reads them (protocol.REPORT_FIELDS).
+        self.reports: list[list] = []
+        # Tasks that reached this worker, to report when they finish: key ->
+        # [when they arrived, when their inputs were all here].
+        self._moments: dict[Any, list] = {}
         self.seq = 0
         self.counts = dict.fromkeys(
             ["events_recorded", "events_sent", "events_dropped", "events_unsent",
@@ -174,10 +190,16 @@ class CruxWorkerPlugin(WorkerPlugin):
 
         Never waits on a scheduler that is gone, and at most
         ``teardown_timeout`` seconds on one that does not answer: what could
-        not be sent stays in :attr:`buffer`, counted as ``events_unsent``
-        (and the files of tasks as ``file_lists_unsent``).
+        not be sent stays in :attr:`buffer` and :attr:`reports`, counted as
+        ``events_unsent`` (and the files of tasks as ``file_lists_unsent``).
         """
         self._callback.stop()
+        tasks = worker.state.tasks
+        for key in self._moments:  # tasks under way: the scheduler records them now
+            ts = tasks.get(key)
+            if ts is not None:
+                ts.metadata.pop(REPORTED, None)
+        self._moments.clear()
         if self.files is not None:
             self.files.stop()
         if self.shards is not None:
@@ -187,7 +209,8 @@ class CruxWorkerPlugin(WorkerPlugin):
                 callbacks.remove(hook)
         if self._transfers:
             self._poll_gathers()
-        if (self.buffer or self._files_out or self._sizing) and self._scheduler_connected():
+        if (self.buffer or self.reports or self._files_out or self._sizing) and (
+                self._scheduler_connected()):
             with contextlib.suppress(TimeoutError):  # what is left is counted below
                 await asyncio.wait_for(self.flush(), self.teardown_timeout)
         sending = self._sending
@@ -196,11 +219,12 @@ class CruxWorkerPlugin(WorkerPlugin):
             await asyncio.wait([sending])
         if self._sizer is not None:  # files not sized by now are counted below
             self._sizer.shutdown(wait=False, cancel_futures=True)
-        self.counts["events_unsent"] = len(self.buffer)
+        self.counts["events_unsent"] = len(self.buffer) + len(self.reports)
         self.counts["file_lists_unsent"] = len(self._files_out) + len(self._sizing)
-        if self.buffer:
+        if self.counts["events_unsent"]:
             logger.info("Crux: %d events recorded on %s could not be sent to the scheduler "
-                        "(counted as events_unsent)", len(self.buffer), worker.address)
+                        "(counted as events_unsent)", self.counts["events_unsent"],
+                        worker.address)
 
     def _scheduler_connected(self) -> bool:
         """Whether the worker's stream to the scheduler is open (no waiting involved).
@@ -231,12 +255,9 @@ class CruxWorkerPlugin(WorkerPlugin):
         try:
             if finish == "memory":
                 if start == "executing" or start == "long-running":
-                    if self.files is not None:
-                        delay = self._delays.pop(key, None)
-                        if key in self.files.by_task:
-                            self._files_done(key, delay)
-                    if self.shards is not None and key in self.shards.by_task:
-                        self._shards_done(key)
+                    moments = self._moments.pop(key, None)
+                    if moments is not None:
+                        self._report(key, moments)
                 elif start == "flight":
                     self._fetched(key)
                 elif start == "released" and self._transfers:
@@ -250,21 +271,20 @@ class CruxWorkerPlugin(WorkerPlugin):
                 if self.files is not None:  # the clock the task's start and stop are in
                     self._delays[key] = self.worker.scheduler_delay
             elif finish == "ready":  # all inputs here: runnable from now on
-                metadata = self.worker.state.tasks[key].metadata
-                moments = metadata.get(MOMENTS)
+                moments = self._moments.get(key)
                 if moments is not None:
-                    metadata[MOMENTS] = (moments[0], self._now())
+                    moments[1] = self._now()
             elif start == "released":
-                if finish == "waiting":  # the task reached this worker
-                    # A tuple, as the scheduler's copy of the metadata will hold it
-                    # (msgpack gives tuples back): both copies stay equal.
-                    self.worker.state.tasks[key].metadata[MOMENTS] = (self._now(), None)
+                if finish == "waiting":  # the task reached this worker: it reports it
+                    self._moments[key] = [self._now(), None]
+                    self.worker.state.tasks[key].metadata[REPORTED] = 1
                 elif finish == "fetch":
                     self._requested.setdefault(key, self._now())
             elif finish == "flight":
                 ts = self.worker.state.tasks.get(key)
                 self._flight_start[key] = (ts.coming_from if ts else None, self._now())
             elif finish in ("released", "forgotten", "missing", "error", "rescheduled"):
+                self._moments.pop(key, None)
                 self._flight_start.pop(key, None)
                 self._requested.pop(key, None)
                 if self.files is not None:
@@ -276,35 +296,72 @@ class CruxWorkerPlugin(WorkerPlugin):
         except Exception as error:
             self._hook_failed(error)
 
-    def _files_done(self, key: Any, delay: float | None) -> None:
-        """Leave what the task ``key`` did with files in its metadata, if it opened any."""
-        ts = self.worker.state.tasks.get(key)
-        if delay is None:
-            delay = self.worker.scheduler_delay
+    def _report(self, key: Any, moments: list) -> None:
+        """Report the task ``key``, which finished now (:data:`REPORT_FIELDS
+        <crux_dask.plugins.protocol.REPORT_FIELDS>`); or, if it opened files,
+        leave what the scheduler cannot know of it in its metadata."""
+        worker = self.worker
+        ts = worker.state.tasks.get(key)
+        files = self.files
+        delay = self._delays.pop(key, None) if files is not None else None
         if ts is None:
-            self.files.forget(key)
             return
-        stop = next((s["stop"] for s in reversed(ts.startstops) if s["action"] == "compute"),
-                    None)
-        # The stop is in the scheduler's clock as the worker estimated it (``delay``) when
-        # the task started: a heartbeat since may have moved the estimate by milliseconds.
-        taken = self.files.take(key, None if stop is None else stop - delay)
+        start = stop = None
+        for interval in ts.startstops:
+            if interval["action"] == "compute":
+                start, stop = interval["start"], interval["stop"]
+        if stop is None:
+            start = stop = self._now()
+        name = key_string(key)
+        shards = self.shards
+        made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
+        if files is not None and key in files.by_task:
+            # The stop is in the scheduler's clock as the worker estimated it when the
+            # task started: a heartbeat since may have moved the estimate by milliseconds.
+            opened = self._files_done(key, name, stop - (
+                worker.scheduler_delay if delay is None else delay))
+            if opened is not None:
+                # Sent to the scheduler with the task's completion, in the message this
+                # transition has just made (it holds the same dict).
+                metadata = ts.metadata
+                del metadata[REPORTED]
+                metadata[MOMENTS] = tuple(moments)  # as the scheduler's copy will hold them
+                metadata[FILES] = opened
+                if made is not None:
+                    metadata[SHARDS] = made
+                return
+        annotations = ts.annotations
+        priority = ts.priority
+        self.reports.append([
+            name, worker.threads.get(key), start, stop, ts.nbytes or 0,
+            [key_string(dts.key) for dts in ts.dependencies], ts.prefix, key_split_group(key),
+            annotations.get("crux") if annotations else None,
+            priority[:-1] if priority else None,  # the scheduler's: the worker adds one
+            moments[0], moments[1], made,
+        ])
+        self.counts["events_recorded"] += 1
+        if len(self.reports) > self.max_buffered_events:
+            del self.reports[0]
+            self.counts["events_dropped"] += 1
+        if len(self.reports) >= self.batch_size and self._sending is None:
+            worker.loop.add_callback(self._flush_soon)
+
+    def _files_done(self, key: Any, name: str, stop: float) -> tuple | None:
+        """What the task ``key`` (``name``) did with files, if anything; ``stop`` is when
+        it stopped, in this worker's clock."""
+        taken = self.files.take(key, stop)
         if taken is None:
-            return
+            return None
         io, opened = taken
-        # The metadata goes to the scheduler with the task's completion, in the
-        # message this transition has just made (it holds the same dict).
         if len(opened) <= 2 * FILES_INLINE:
             files = self.files.keep(self.files.files(opened))
-            if files:
-                ts.metadata[FILES] = (io, self.host, files)
-            return
-        ts.metadata[FILES] = (io, self.host, FOLLOW)
+            return (io, self.host, files) if files else None
         if self._sizer is None:
             self._sizer = ThreadPoolExecutor(1, thread_name_prefix="crux-files")
         job = self._sizer.submit(self.files.files, opened)
-        self._sizing[job] = key_string(key)
+        self._sizing[job] = name
         job.add_done_callback(self._sized_soon)
+        return (io, self.host, FOLLOW)
 
     def _sized_soon(self, job: Future) -> None:
         """In the sizing thread: hand the sized files to the event loop."""
@@ -324,13 +381,6 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._files_out.append([name, files])
         if self._sending is None:
             self._flush_soon()
-
-    def _shards_done(self, key: Any) -> None:
-        """Leave the shards the P2P transfer task ``key`` made in its metadata."""
-        shards = self.shards.by_task.pop(key)
-        ts = self.worker.state.tasks.get(key)
-        if ts is not None:  # sent with the task's completion, as the files are
-            ts.metadata[SHARDS] = shards
 
     def _released(self, key: Any) -> None:
         if self._transfers:  # a gather of this key, if any, goes first
@@ -453,7 +503,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._callback.callback_time = self._flush_period()  # read for the next call
         if self._transfers:
             self._poll_gathers()
-        if (self.buffer or self._files_out) and self._sending is None:
+        if (self.buffer or self.reports or self._files_out) and self._sending is None:
             self._sending = asyncio.ensure_future(self._send())
 
     async def flush(self) -> bool:
@@ -473,7 +523,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             if self._sending is not None:
                 await asyncio.shield(self._sending)
                 continue
-            if not self.buffer and not self._files_out:
+            if not self.buffer and not self.reports and not self._files_out:
                 return True
             self._sending = asyncio.ensure_future(self._send())
             if not await asyncio.shield(self._sending):
@@ -482,24 +532,31 @@ class CruxWorkerPlugin(WorkerPlugin):
     async def _send(self) -> bool:
         try:
             send = getattr(self.worker.scheduler, EVENTS_HANDLER)
-            while self.buffer:
+            while self.buffer or self.reports:
                 events = self.buffer[: self.batch_size]
+                reports = self.reports[: self.batch_size]
                 self.seq += 1
-                data = encode_batch(events, self.worker.address, self.seq)
+                message = {"source": self.worker.address}
+                if events:
+                    message["batch"] = encode_batch(events, self.worker.address, self.seq)
+                if reports:  # anything an annotation holds that msgpack cannot: its repr
+                    message[TASKS] = msgpack.packb(reports, default=repr)
                 try:
-                    reply = await send(batch=data, source=self.worker.address)
+                    reply = await send(**message)
                 except Exception as error:
                     # Keep the events for the next try; the scheduler may be busy.
                     self.counts["send_failures"] += 1
                     logger.debug("Crux could not send a batch: %r", error)
                     return False
                 del self.buffer[: len(events)]
+                del self.reports[: len(reports)]
+                sent = len(events) + len(reports)
                 if isinstance(reply, dict) and reply.get("status") == "OK":
                     self.counts["batches_sent"] += 1
-                    self.counts["events_sent"] += len(events)
+                    self.counts["events_sent"] += sent
                 else:  # rejected, or no Crux on the scheduler: nobody will take these
                     self.counts["batches_rejected"] += 1
-                    self.counts["events_dropped"] += len(events)
+                    self.counts["events_dropped"] += sent
             if self._files_out:
                 files = self._files_out[:]
                 try:
@@ -536,8 +593,9 @@ class CruxWorkerPlugin(WorkerPlugin):
 
         ``events_dropped`` were given up (the buffer was full, or the scheduler
         refused them); ``events_unsent`` were still buffered when the plugin
-        was torn down, and stay in :attr:`buffer`.  ``files_recorded`` are the
-        files tasks opened and the scheduler was told of, ``files_gone`` those
+        was torn down, and stay in :attr:`buffer` and :attr:`reports`.
+        ``files_recorded`` are the files tasks opened and the scheduler was
+        told of, ``files_gone`` those
         left out because they were gone when their task was done.  The
         files of a task sized after its completion (``file_lists_*``) that
         the scheduler refused are ``dropped``; those still being sized or
@@ -546,7 +604,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         itself went on).
         """
         files = self.files
-        return {**self.counts, "events_buffered": len(self.buffer),
+        return {**self.counts, "events_buffered": len(self.buffer) + len(self.reports),
                 "files_recorded": files.opened_files if files else 0,
                 "files_gone": files.gone if files else 0,
                 "shard_errors": self.shards.errors if self.shards else 0}

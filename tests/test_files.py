@@ -28,7 +28,7 @@ from crux_dask.path import CATEGORIES
 from crux_dask.plugins.ingest import TASK_FILES, Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import TASK, task_events
+from crux_dask.plugins.tasks import TASK, Finished, task_events
 from crux_dask.plugins.worker import FILES_INLINE
 
 HOST = "node1"
@@ -150,8 +150,8 @@ def test_a_malformed_file_event_is_refused_and_changes_nothing(event):
 
 def test_what_a_worker_reports_in_another_form_gives_no_files():
     def entry(files, annotation=None):
-        return (TASK, "t", "memory", A, 1, [{"action": "compute", "start": 1.0, "stop": 2.0}],
-                8, [], "t", "t", annotation, -1, None, None, {FILES: files})
+        return Finished("t", False, A, 1, 1.0, 2.0, 8, (), "t", "t", annotation, None,
+                        files=files)
 
     assert [e[0] for e in task_events(entry([0.1, HOST, [["/a", False, 5]]]))] == [
         "file", "compute"]
@@ -207,7 +207,7 @@ def read_then_spin(path: str, seconds: float) -> int:
 def sized_later(name: str, files, time: float = 1.0) -> tuple:
     """A task's entry whose worker sends its files after it."""
     return (TASK, name, "memory", A, 1, [{"action": "compute", "start": time, "stop": time + 1}],
-            8, [], name, name, None, -1, None, None, {FILES: (0.5, HOST, files)})
+            8, [], name, name, None, None, {FILES: (0.5, HOST, files)})
 
 
 def test_files_sized_after_their_task_join_it_in_either_order_or_it_goes_without():

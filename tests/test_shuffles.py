@@ -19,9 +19,8 @@ from crux_dask.codec import decode_batch, encode_batch
 from crux_dask.events import TYPES
 from crux_dask.model import BARRIER_LABEL, RECEIVED_LABEL, SHARDS_LABEL, received_key, shard_key
 from crux_dask.path import CATEGORIES
-from crux_dask.plugins.protocol import SHARDS
 from crux_dask.plugins.shuffles import ShardRecorder, shard_bytes
-from crux_dask.plugins.tasks import TASK, task_events
+from crux_dask.plugins.tasks import Finished, task_events
 
 A, B = "tcp://a:1", "tcp://b:1"
 MEM_A, MEM_B = f"memory@{A}", f"memory@{B}"
@@ -282,8 +281,8 @@ def test_a_send_never_ends_before_it_started_when_the_clock_estimate_moves():
 
 def test_what_a_worker_reports_in_another_form_gives_no_shards():
     def entry(shards):
-        return (TASK, "t", "memory", A, 1, [{"action": "compute", "start": 1.0, "stop": 2.0}],
-                8, ["x"], "t", "t", None, -1, None, None, {SHARDS: shards})
+        return Finished("t", False, A, 1, 1.0, 2.0, 8, ("x",), "t", "t", None, None,
+                        shards=shards)
 
     made = task_events(entry([1.5, [[MEM_A, 10], [MEM_B, 20]]]))
     assert [e[0] for e in made] == ["compute", "shard", "shard"]

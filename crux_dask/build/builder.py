@@ -95,6 +95,8 @@ class PAGBuilder:
         self.resolving: Any = None  # the event resolve_parked applies with stand-ins
         # task -> copies of the files it read (a read of a file unknown then: its event)
         self.file_reads: dict[str, list[int | FileAccess]] = {}
+        # file location -> the writes of it waiting for their task's report (their ids)
+        self.writes_waiting: dict[str, set[int]] = {}
         self.shuffles = shuffles.Shuffles()
         self.feed = Feed(self)
         self._dispatch: dict[str, Callable[[Any, float], int | None]] = {
@@ -254,6 +256,11 @@ class PAGBuilder:
         freed_by = lookups.freed_by(self, e, event, now)
         if freed_by == lookups.WAITS:
             return None
+        if e.io is not None and self.writes_waiting and self.resolving is not event:
+            awaited = operations.awaited_write(self, self.file_reads.get(e.key, ()))
+            if awaited is not None:  # a file it read is being written: the write first
+                self.waiting.park(awaited, event, now)
+                return None
         # Data the task read outside Dask: its newest copy, wherever it is; the
         # files it read, copied into its worker's memory for it.
         sources += [src for name in e.reads or () if (src := holdings.newest.get(name))

@@ -81,13 +81,15 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     path = file_path(e.location)
     if not e.written:
         reads = builder.file_reads.setdefault(e.key, [])
-        if builder.holdings.at(path, where) is None and any(
-                builder.holdings.newest.get(name) is None for name in e.inputs):
+        if builder.holdings.at(path, where) is None and (
+                e.location in builder.writes_waiting
+                or any(builder.holdings.newest.get(name) is None for name in e.inputs)):
             # The task that writes the file may be one of the inputs this task
-            # waits for, and workers' clocks, re-estimated at each heartbeat,
-            # can put the write a millisecond after this read: the read is made
-            # with the task's computation, after its inputs (a file still
-            # unknown then was there before).
+            # waits for, or wait itself for its inputs, and workers' clocks,
+            # re-estimated at each heartbeat, can put the write a millisecond
+            # after this read: the read is made with the task's computation,
+            # after its inputs and the writes waiting (a file still unknown then
+            # was there before).
             reads.append(e)
             return None
         reads.append(copy := read_copy(builder, e))
@@ -95,15 +97,33 @@ def file_access(builder: PAGBuilder, e: FileAccess, now: float) -> int | None:
     task = builder.holdings.at(e.key, memory)
     if task is None:
         task = builder.holdings.released_at(e.key, memory)
+    waiting = builder.writes_waiting
     if task is None:
         if builder.resolving is not e:
             builder.waiting.park((e.key, memory), e, now)
+            waiting.setdefault(e.location, set()).add(id(e))
             return None
         task = builder.run_root if builder.run_root >= 0 else builder.root(e.time)
+    if e.location in waiting:
+        waiting[e.location].discard(id(e))
+        if not waiting[e.location]:
+            del waiting[e.location]
     prefix = store.labels.values[store.key_label[store.state_key[task]]]
     return builder.applied(builder.new_state(
         store.key_code(path, file_label(path), prefix), where, places.worker[memory], None,
         e.nbytes, e.time, e.time, e.time, (task,), _TRANSFER, 0.0))
+
+
+def awaited_write(builder: PAGBuilder, reads: list[int | FileAccess]) -> tuple[str, int] | None:
+    """The ``(path, location code)`` a write waiting for its task will make, of a file
+    a task read and that has no version yet (``reads``: :attr:`PAGBuilder.file_reads`
+    of the task), if any: the task waits for it."""
+    for read in reads:
+        if type(read) is not int and read.location in builder.writes_waiting:
+            path, where = file_path(read.location), builder.places.code(read.location)
+            if builder.holdings.at(path, where) is None:
+                return path, where
+    return None
 
 
 def read_copy(builder: PAGBuilder, e: FileAccess) -> int:
@@ -156,6 +176,7 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
                           _APPEND, 0.0)
     builder.waiting.adopt(previous.waiting, lambda slot: (
         slot[0], places.code(old.locations.values[slot[1]])))
+    builder.writes_waiting = previous.writes_waiting
     builder.shuffles.adopt(previous.shuffles,
                            lambda location: places.code(old.locations.values[location]))
     return len(carried)

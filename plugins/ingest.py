@@ -656,8 +656,7 @@ def unpack_reports(tasks: bytes) -> list:
     """The tasks of a worker's report, unpacked (not checked: see
     :func:`~crux_dask.plugins.tasks.reported_task`)."""
     try:
-        reports = msgpack.unpackb(tasks, raw=False, strict_map_key=False,
-                                  max_bin_len=0, max_ext_len=0)
+        reports = msgpack.unpackb(tasks, raw=False, strict_map_key=False, max_ext_len=0)
     except Exception as error:
         raise BatchError(f"tasks are not valid msgpack: {error}") from None
     if not isinstance(reports, list):

@@ -20,15 +20,17 @@ EVENTS_HANDLER = "crux_events"
 #: worker finished: msgpack of an array of arrays, one per task, of
 #: :data:`REPORT_FIELDS`.
 TASKS = "tasks"
-#: What a worker reports of each task it finished, in this order: the key (as
-#: :func:`key_string` gives it), the thread it ran in, its ``compute`` start and
-#: stop (in the scheduler's clock), the bytes it made, its inputs' keys, its
-#: prefix and group (as the scheduler names them), its ``crux`` annotation (or
-#: None), its priority (or None), when it reached the worker and when all its
-#: inputs were there (or None), and the shards a P2P transfer task split its
-#: data into (``[split time, [[destination, bytes], ...]]``, or None).
-REPORT_FIELDS = ("key", "thread", "start", "stop", "nbytes", "inputs", "prefix", "group",
-                 "annotation", "priority", "received", "runnable", "shards")
+#: What a worker reports of each task it finished, in this order: the key, the
+#: thread it ran in, its ``compute`` start and stop (in the scheduler's clock),
+#: the bytes it made, its inputs' keys, its prefix, its ``crux`` annotation (or
+#: None), its priority on the worker (the scheduler's, then the worker's own
+#: generation; or None), when it reached the worker and when all its inputs were
+#: there (or None), and the shards a P2P transfer task split its data into
+#: (``[split time, [[destination, bytes], ...]]``, or None).  Keys are as Dask
+#: names them (msgpack gives a tuple back as an array): the receiver makes
+#: their strings, not the worker.
+REPORT_FIELDS = ("key", "thread", "start", "stop", "nbytes", "inputs", "prefix", "annotation",
+                 "priority", "received", "runnable", "shards")
 #: Where a worker marks, in a task's ``metadata``, that it reports the task when
 #: it finishes: distributed sends the metadata to the scheduler with the task's
 #: completion, which tells the scheduler to record only what it alone knows.

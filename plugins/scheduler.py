@@ -148,6 +148,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
+        if self.record_transitions:
+            self.transitions.start(scheduler.transition_log)
+            if scheduler.transition_log.maxlen == 0:
+                logger.warning("Crux cannot keep the scheduler's transitions: its log is "
+                               "disabled (distributed.admin.low-level-log-length: 0)")
         self.attached_at = time.time()
         self.tasks_at_attach = len(scheduler.tasks)
         if self.tasks_at_attach:
@@ -159,9 +164,24 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         from crux_dask.dashboard import install
 
         self.dashboard = install(scheduler, self)
-        self._callback = PeriodicCallback(self.ingest.tick, self.apply_interval * 1000)
+        self._callback = PeriodicCallback(self._tick, self.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()
+
+    def _tick(self) -> None:
+        """The periodic callback: read the scheduler's new transitions, send or apply
+        what was recorded."""
+        self.read_transitions()
+        self.ingest.tick()
+
+    def read_transitions(self) -> None:
+        """Keep the transitions the scheduler logged since the last call (if
+        ``crux-dask.capture.transitions``)."""
+        if self.record_transitions:
+            try:
+                self.transitions.read(self.scheduler.transition_log)
+            except Exception as error:
+                self.ingest.failed("transitions", error)
 
     async def close(self) -> None:
         callback = getattr(self, "_callback", None)
@@ -201,8 +221,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # What only the scheduler knows of a task is recorded as it is sent; what its
         # worker knows, the worker reports (see crux_dask.plugins.tasks).
         try:
-            if self.record_transitions:
-                self.transitions.append(key, start, finish, kwargs.get("worker"), stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
                 ingest = self.ingest
@@ -219,6 +237,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 return
             worker = kwargs.get("worker")
             self.last_finished = (stimulus_id, key, worker)
+            if self.record_transitions:
+                self.transitions.finished(key, worker)
             ingest = self.ingest
             if finish == "memory":
                 metadata = kwargs.get("metadata")
@@ -455,6 +475,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions.dropped,
+            "transition_log_overruns": self.transitions.overruns,
             "run_id": builder.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,

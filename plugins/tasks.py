@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from distributed.utils import key_split_group
+
 from crux_dask.model import file_location
 from crux_dask.plugins.protocol import FILES, MOMENTS, REPORT_FIELDS, SHARDS, key_string
 
@@ -114,24 +116,27 @@ def reported_task(row: Any, worker: str) -> Finished:
     """
     if not (isinstance(row, (list, tuple)) and len(row) == len(REPORT_FIELDS)):
         raise ValueError(f"a task's report is an array of {len(REPORT_FIELDS)} fields")
-    (key, thread, start, stop, nbytes, inputs, prefix, group, annotation, priority,
+    (key, thread, start, stop, nbytes, inputs, prefix, annotation, priority,
      received, runnable, shards) = row
-    if type(key) is not str:
-        raise ValueError(f"a reported task's key must be a string, got {key!r}")
+    key = _as_key(key)
+    if not _is_key(key):
+        raise ValueError(f"a reported task's key must be a Dask key, got {key!r:.80}")
     if not (_is_time(start) and _is_time(stop) and start <= stop):
         raise ValueError(f"task {key!r}: start and stop must be times in order")
     if not (type(nbytes) is int and nbytes >= 0):
         raise ValueError(f"task {key!r}: nbytes must be an integer >= 0")
-    if not (isinstance(inputs, (list, tuple)) and all(type(i) is str for i in inputs)):
+    inputs = [_as_key(i) for i in inputs] if isinstance(inputs, list) else None
+    if inputs is None or not all(_is_key(i) for i in inputs):
         raise ValueError(f"task {key!r}: inputs must be an array of keys")
     if thread is not None and type(thread) is not int:
         raise ValueError(f"task {key!r}: thread must be an integer or None")
     received, runnable = _moments((received, runnable))
-    return Finished(key, False, worker, thread, start, stop, nbytes, tuple(inputs),
-                    prefix if type(prefix) is str else None,
-                    group if type(group) is str else None, annotation,
-                    tuple(priority) if isinstance(priority, list) else priority,
-                    received, runnable, None, shards)
+    if isinstance(priority, list) and priority:  # the worker adds its generation
+        priority = tuple(priority[:-1])
+    return Finished(key_string(key), False, worker, thread, start, stop, nbytes,
+                    tuple(key_string(i) for i in inputs),
+                    prefix if type(prefix) is str else None, key_split_group(key), annotation,
+                    priority, received, runnable, None, shards)
 
 
 class Sending:
@@ -345,6 +350,15 @@ def _moments(moments: Any) -> tuple[float | None, float | None]:
     received, runnable = moments
     return (received if _is_time(received) else None,
             runnable if _is_time(runnable) else None)
+
+
+def _as_key(value: Any) -> Any:
+    """A key as msgpack gives it back, a tuple again (an array comes as a list)."""
+    return tuple(_as_key(v) for v in value) if isinstance(value, list) else value
+
+
+def _is_key(value: Any) -> bool:
+    return isinstance(value, (str, bytes, int, float, tuple)) and type(value) is not bool
 
 
 def _is_time(value: Any) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,16 +18,23 @@ __all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
 
 #: Transitions per chunk: the newest are rows until there are this many of them.
 CHUNK = 4096
-#: Values recorded per transition: key, start, finish, worker, stimulus, time.
+#: Columns of each chunk: key, start, finish, worker, stimulus, time.
 FIELDS = 6
+#: Finished tasks noted whose transition was not read, past which they are let go
+#: after the scheduler's log let go of transitions before they were read.
+_MOST_FINISHED = 100_000
 
 
 class TransitionLog:
     """Scheduler transitions, the newest ``capacity`` of them (give or take a chunk).
 
-    A transition is six values appended to a list, the cheapest a hook can
-    record (a tuple per transition would be one more object for the collector
-    to track); every :data:`CHUNK` of them become columns of numpy arrays.  The
+    The scheduler logs each transition itself (``Scheduler.transition_log``, a
+    deque of the newest ``distributed.admin.low-level-log-length``); :meth:`read`
+    takes what it logged since the last read, a batch at a time from a periodic
+    callback, where a hook called on every transition would cost the
+    scheduler more.  The worker a task finished on, which that log leaves out,
+    the transition hook notes (:meth:`finished`) as it records the task.
+    Every :data:`CHUNK` transitions become columns of numpy arrays: the
     garbage collector walks every list the scheduler's process holds, element
     by element, at each full collection (a million strings in lists add about
     40 ms to each here); it never walks a numpy array.
@@ -41,31 +48,70 @@ class TransitionLog:
     ----------
     dropped : int
         Transitions dropped to stay within ``capacity``.
+    overruns : int
+        Reads that found the scheduler's log had let go of transitions not
+        read yet (more than its length between two reads).
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.chunk = max(1, min(CHUNK, capacity // 4))
         self.dropped = 0
-        self.rows: list[Any] = []  # the newest transitions, FIELDS values each
+        self.overruns = 0
+        self.rows: list[Any] = []  # the newest transitions, as the scheduler logged them
         # Each: key, start, finish, worker, stimulus (object arrays) and time (float64).
         self.chunks: list[tuple[np.ndarray, ...]] = []
+        # Tasks that finished, not in a chunk yet: key -> the worker they finished on.
+        self.finished_on: dict[Any, str | None] = {}
+        self._seen: Any = None  # the newest entry of the scheduler's log read
 
     def __len__(self) -> int:
-        return len(self.chunks) * self.chunk + len(self.rows) // FIELDS
+        return len(self.chunks) * self.chunk + len(self.rows)
 
-    def append(self, key: Any, start: str, finish: str, worker: str | None,
-               stimulus_id: str | None) -> None:
-        """Record that ``key`` went from ``start`` to ``finish`` now."""
-        rows = self.rows
-        rows += (key, start, finish, worker, stimulus_id, time.time())
-        if len(rows) == FIELDS * self.chunk:
-            self._to_columns()
+    def start(self, log: Sequence[Any]) -> None:
+        """Read from now on: what ``log`` holds already is not this run's."""
+        self._seen = log[-1] if log else None
+
+    def finished(self, key: Any, worker: str | None) -> None:
+        """The task ``key`` finished (in memory or erred) on ``worker``, now."""
+        self.finished_on[key] = worker
+
+    def read(self, log: Sequence[Any]) -> None:
+        """Take the transitions the scheduler logged in ``log`` since the last read.
+
+        Searched from the newest for the newest entry read before: if it is
+        gone, the log let go of transitions before they were read
+        (:attr:`overruns`).
+        """
+        if not log:
+            return
+        seen, newest = self._seen, log[-1]
+        if newest is seen:
+            return
+        fresh = []
+        for entry in reversed(log):
+            if entry is seen:
+                break
+            fresh.append(entry)
+        else:
+            if seen is not None:
+                self.overruns += 1
+                if len(self.finished_on) > _MOST_FINISHED:  # their transitions were missed
+                    self.finished_on.clear()
+        self._seen = newest
+        fresh.reverse()
+        rows, room = self.rows, self.chunk - len(self.rows)
+        while fresh:
+            rows += fresh[:room]
+            del fresh[:room]
+            if len(rows) == self.chunk:
+                self._to_columns()
+                rows, room = self.rows, self.chunk
 
     def _to_columns(self) -> None:
         # A new list of rows, not the old one emptied: a thread may be reading it
         # (see :meth:`kept`); the list of chunks is copied there.
-        self.chunks.append(_columns(self.rows))
+        self.chunks.append(_columns(self.rows, self.finished_on, taken=True))
         self.rows = []
         excess = len(self) - self.capacity
         if excess >= self.chunk:
@@ -93,7 +139,8 @@ class TransitionLog:
         long as pickling each of their five million strings takes.
         """
         chunks, rows, n = kept or self.kept()
-        return [*chunks, _columns(rows[:n])] if n or not chunks else list(chunks)
+        return ([*chunks, _columns(rows[:n], self.finished_on, taken=False)] if n or not chunks
+                else list(chunks))
 
     def frame(self, kept: tuple[list, list, int] | None = None) -> pd.DataFrame:
         """:func:`transitions_frame` of the transitions kept (by default now, else when
@@ -121,9 +168,20 @@ def transitions_frame(chunks: list[tuple[np.ndarray, ...]]) -> pd.DataFrame:
     })
 
 
-def _columns(rows: list[Any]) -> tuple[np.ndarray, ...]:
-    """Rows of :meth:`TransitionLog.append` as its chunks' columns."""
-    n = len(rows) // FIELDS
+def _columns(rows: list[Any], finished_on: dict[Any, str | None], taken: bool
+             ) -> tuple[np.ndarray, ...]:
+    """Entries of the scheduler's transition log as :meth:`TransitionLog.in_chunks`'s
+    columns; the worker of each task that finished, from ``finished_on`` (taken out
+    of it if ``taken``)."""
+    n = len(rows)
+    if not n:
+        return (*(np.empty(0, dtype=object) for _ in range(FIELDS - 1)),
+                np.empty(0, dtype="float64"))
+    keys, starts, finishes, _, stimuli, times = zip(*rows)
+    find = finished_on.pop if taken else finished_on.get
+    workers = [find(key, None) if start == "processing" else None
+               for key, start in zip(keys, starts)]
     # fromiter: each value one element, keys that are tuples too.
-    return (*(np.fromiter(rows[field::FIELDS], dtype=object, count=n)
-              for field in range(FIELDS - 1)), np.array(rows[FIELDS - 1::FIELDS], dtype="float64"))
+    return (*(np.fromiter(column, dtype=object, count=n)
+              for column in (keys, starts, finishes, workers, stimuli)),
+            np.array(times, dtype="float64"))

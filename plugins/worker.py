@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.utils import key_split_group
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.codec import encode_batch
@@ -312,13 +311,12 @@ class CruxWorkerPlugin(WorkerPlugin):
                 start, stop = interval["start"], interval["stop"]
         if stop is None:
             start = stop = self._now()
-        name = key_string(key)
         shards = self.shards
         made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
         if files is not None and key in files.by_task:
             # The stop is in the scheduler's clock as the worker estimated it when the
             # task started: a heartbeat since may have moved the estimate by milliseconds.
-            opened = self._files_done(key, name, stop - (
+            opened = self._files_done(key, key_string(key), stop - (
                 worker.scheduler_delay if delay is None else delay))
             if opened is not None:
                 # Sent to the scheduler with the task's completion, in the message this
@@ -331,12 +329,10 @@ class CruxWorkerPlugin(WorkerPlugin):
                     metadata[SHARDS] = made
                 return
         annotations = ts.annotations
-        priority = ts.priority
-        self.reports.append([
-            name, worker.threads.get(key), start, stop, ts.nbytes or 0,
-            [key_string(dts.key) for dts in ts.dependencies], ts.prefix, key_split_group(key),
-            annotations.get("crux") if annotations else None,
-            priority[:-1] if priority else None,  # the scheduler's: the worker adds one
+        self.reports.append([  # keys as they are: the scheduler's side makes their strings
+            key, worker.threads.get(key), start, stop, ts.nbytes or 0,
+            [dts.key for dts in ts.dependencies], ts.prefix,
+            annotations.get("crux") if annotations else None, ts.priority,
             moments[0], moments[1], made,
         ])
         self.counts["events_recorded"] += 1

@@ -20,11 +20,11 @@ from crux_dask.provenance import tasks_frame
 A = "tcp://10.0.0.1:1"
 
 
-def report(key: str, start: float, stop: float, inputs=(), **fields) -> list:
+def report(key, start: float, stop: float, inputs=(), **fields) -> list:
     """A task's report as a worker sends it."""
     row = dict.fromkeys(REPORT_FIELDS)
     row.update(key=key, thread=1, start=start, stop=stop, nbytes=8, inputs=list(inputs),
-               prefix=key, group=key, **fields)
+               prefix="p", **fields)
     return list(row.values())
 
 
@@ -48,16 +48,19 @@ def test_a_reported_task_takes_what_the_scheduler_recorded_as_it_sent_it():
     # Sent, taken back, sent again (keeps when it was first sent); then the report.
     ingest.record((SENT, "x", 2.0, None, graph))
     ingest.record((SENT, "x", 3.0, None, -1))
-    ingest.record((SENT, "y", 5.0, ("x", A), -1))
+    ingest.record((SENT, ("y", 0), 5.0, ("x", A), -1))
+    # Keys as Dask names them, a tuple as msgpack gives it back; the worker's priority
+    # ends with its own generation.
     tasks = msgpack.packb([report("x", 4.0, 4.5, received=3.5, runnable=3.6),
-                           report("y", 5.5, 6.0, ["x"], priority=[0, 1, 7])])
+                           report(("y", 0), 5.5, 6.0, ["x"], priority=[0, 1, 7, -3])])
     assert ingest.receive(tasks=tasks, source=A) == {"status": "OK", "accepted": 2}
     ingest.apply_slice()
-    x, y = computed(ingest).loc["x"], computed(ingest).loc["y"]
+    x, y = computed(ingest).loc["x"], computed(ingest).loc["('y', 0)"]
     assert (x["compute_start"], x["compute_stop"], x["worker"]) == (4.0, 4.5, A)
     assert (x["requested"], x["first_requested"]) == (3.0, 2.0)
     assert (x["received"], x["runnable"]) == (3.5, 3.6)
     assert y["requested"] == 5.0 and y["priority"] == 2.0**32 + 7
+    assert list(y["dependencies"]) == ["x"] and y["prefix"] == "p"
     assert not len(ingest.sending)  # each joined its report, and was let go
     assert ingest.counts["events_applied"] == 5 == ingest.received
     assert ingest.counts["tasks_reported"] == 2
@@ -73,11 +76,12 @@ def test_a_report_that_is_not_a_msgpack_array_is_refused_whole(tasks):
 
 def test_a_malformed_task_in_a_report_is_counted_and_the_others_are_applied():
     ingest, _ = new_ingest()
-    rows = [report("good", 1.0, 2.0), report("late", 3.0, 2.0), report(7, 1.0, 2.0),
-            report("many", 1.0, 2.0)[:-1], report("odd", 1.0, 2.0, received="soon")]
+    rows = [report("good", 1.0, 2.0), report("late", 3.0, 2.0), report(None, 1.0, 2.0),
+            report("many", 1.0, 2.0)[:-1], report("odd", 1.0, 2.0, received="soon"),
+            report("in", 1.0, 2.0, inputs=[{"a": 1}])]
     assert ingest.receive(tasks=msgpack.packb(rows), source=A)["status"] == "OK"
     ingest.apply_slice()
-    assert ingest.counts["events_failed"] == 3 and ingest.counts["events_applied"] == 2
+    assert ingest.counts["events_failed"] == 4 and ingest.counts["events_applied"] == 2
     tasks = computed(ingest)
     assert sorted(tasks.index) == ["good", "odd"]
     assert tasks.loc["odd", "received"] != tasks.loc["odd", "received"]  # not a time: left out

@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import gc
 import pickle
+import time
+from collections import deque
 
 import numpy as np
+from distributed.scheduler import Transition
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
 from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog, transitions_frame
 
+#: The scheduler's own log, as long as distributed's default.
+LOGGED = deque(maxlen=100_000)
 
-def record(log: TransitionLog, n: int, first: int = 0) -> None:
+
+def record(log: TransitionLog, n: int, first: int = 0, logged: deque = LOGGED) -> None:
+    """``n`` tasks finish, as the scheduler logs them and the hook notes their workers;
+    then ``log`` reads what the scheduler logged."""
+    if first == 0:
+        logged.clear()
+        log.start(logged)
     for i in range(first, first + n):
-        log.append(("x", i), "processing", "memory", f"tcp://w{i % 2}", f"s-{i}")
+        log.finished(("x", i), f"tcp://w{i % 2}")
+        logged.append(Transition(("x", i), "processing", "memory", {}, f"s-{i}", time.time()))
+    log.read(logged)
 
 
 def test_every_transition_in_order_with_tuple_keys_whole():
@@ -72,6 +85,22 @@ def test_nothing_kept_is_a_long_list_for_the_collector_to_walk():
     assert len(log) == 100_000
 
 
+def test_only_what_the_scheduler_logged_since_the_last_read_is_taken():
+    log, logged = TransitionLog(1_000_000), deque(maxlen=50)
+    logged.extend(Transition(("old", i), "released", "waiting", {}, "s", 0.0) for i in range(5))
+    log.start(logged)  # logged before: not this run's
+    log.read(logged)
+    assert len(log) == 0
+    record(log, 30, first=1, logged=logged)
+    log.read(logged)  # nothing new
+    assert log.frame()["key"].tolist() == [str(("x", i)) for i in range(1, 31)]
+    assert log.overruns == 0
+    record(log, 80, first=31, logged=logged)  # more than the scheduler's log holds
+    frame = log.frame()
+    assert log.overruns == 1 and len(frame) == 30 + 50
+    assert frame["key"].iloc[-1] == str(("x", 110)) and frame["location"].iloc[-1] == "tcp://w0"
+
+
 def test_an_empty_log_makes_an_empty_frame_of_the_columns():
     frame = TransitionLog(10).frame()
     assert list(frame.columns) == ["key", "start", "finish", "time", "location", "stimulus_id"]
@@ -88,7 +117,10 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
     await c.gather(futures)
     del futures
     await async_poll_for(lambda: not s.tasks, timeout=5)  # released and forgotten too
+    plugin.read_transitions()
     ours = plugin.transitions.frame()
+    finished = ours[(ours["start"] == "processing") & (ours["finish"] == "memory")]
+    assert len(finished) == 40 and finished["location"].isin([a.address, b.address]).all()
     assert len(ours) > 40 * 4
     theirs = list(s.transition_log)[-len(ours):]
     assert [(str(t.key), t.start, t.finish, t.stimulus_id) for t in theirs] == list(

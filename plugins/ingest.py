@@ -439,10 +439,21 @@ class Ingest(Recorder):
                     except Exception as error:
                         refuse(task, error)
                         continue
+                    alone = task.files is not None  # see below
+                    if alone:
+                        self._apply_run(parts, events, now, refuse)
+                        parts, events = [], []
                     fits = max(room, 0) + 1
                     events.extend(unfolded[:fits])
                     backlog.extend(unfolded[fits:])
                     room -= min(len(unfolded), fits) - 1
+                    if alone:
+                        # A task that opened files comes in the order tasks finished on
+                        # the scheduler, which a file read after it was written elsewhere
+                        # must keep: the workers' clocks, each estimated from its
+                        # heartbeats, can put the read first by more than the time between.
+                        self._apply_run([], events, now, refuse)
+                        events = []
             self._apply_run(parts, events, now, refuse)
         finally:
             self.pending -= taken
@@ -595,13 +606,16 @@ class Ingest(Recorder):
         """Give waiting events a stand-in: those waiting since before ``older_than``, or all.
 
         Tasks that waited as long for the files their worker sizes after
-        them go without (counted as ``file_lists_missing``); tasks whose
-        report waited as long are recorded from what the scheduler saw
-        (``tasks_unreported``).
+        them go without (counted as ``file_lists_missing``).  Tasks whose
+        report waited longer than ``park_timeout`` (whatever ``older_than``)
+        are recorded from what the scheduler saw (``tasks_unreported``): one
+        that finished since its worker last sent what it had is not given up
+        on, or its report, when it comes, would make it a second time.
         """
         started = time.perf_counter(), time.thread_time()
         self._release_files(older_than)
-        events = [event for task in self._unreported(None, older_than)
+        waited = time.monotonic() - self.park_timeout
+        events = [event for task in self._unreported(None, waited)
                   for event in self._events_of(task, time.monotonic(), self._refused)]
         if events:
             self.builder.apply_many(_in_time_order(events), time.monotonic(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +35,12 @@ class TransitionLog:
     callback, where a hook called on every transition would cost the
     scheduler more.  The worker a task finished on, which that log leaves out,
     the transition hook notes (:meth:`finished`) as it records the task.
-    Every :data:`CHUNK` transitions become columns of numpy arrays: the
-    garbage collector walks every list the scheduler's process holds, element
-    by element, at each full collection (a million strings in lists add about
-    40 ms to each here); it never walks a numpy array.
+    Every :data:`CHUNK` transitions become columns, tuples of strings, keys
+    and numbers: the garbage collector walks every list the scheduler's
+    process holds, element by element, at each full collection (a million
+    strings in lists add about 40 ms to each here), but it stops tracking a
+    tuple that holds only such values the first time it meets it (and a key
+    that is a tuple of them).  Made with ``zip``, without a step per value.
 
     Parameters
     ----------
@@ -60,7 +63,7 @@ class TransitionLog:
         self.overruns = 0
         self.rows: list[Any] = []  # the newest transitions, as the scheduler logged them
         # Each: key, start, finish, worker, stimulus (object arrays) and time (float64).
-        self.chunks: list[tuple[np.ndarray, ...]] = []
+        self.chunks: list[tuple[tuple, ...]] = []
         # Tasks that finished, not in a chunk yet: key -> the worker they finished on.
         self.finished_on: dict[Any, str | None] = {}
         self._seen: Any = None  # the newest entry of the scheduler's log read
@@ -130,7 +133,7 @@ class TransitionLog:
         return list(self.chunks), self.rows, len(self.rows)
 
     def in_chunks(self, kept: tuple[list, list, int] | None = None
-                  ) -> list[tuple[np.ndarray, ...]]:
+                  ) -> list[tuple[tuple, ...]]:
         """The transitions kept (by default now, else when :meth:`kept` was called) as
         chunks of columns, oldest first: what :func:`transitions_frame` reads.
 
@@ -148,7 +151,7 @@ class TransitionLog:
         return transitions_frame(self.in_chunks(kept))
 
 
-def transitions_frame(chunks: list[tuple[np.ndarray, ...]]) -> pd.DataFrame:
+def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
     """The transitions of :meth:`TransitionLog.in_chunks`, oldest first.
 
     Returns
@@ -159,29 +162,26 @@ def transitions_frame(chunks: list[tuple[np.ndarray, ...]]) -> pd.DataFrame:
     """
     import pandas as pd
     keys, starts, finishes, workers, stimuli, times = (
-        np.concatenate(column) for column in zip(*chunks))
+        list(itertools.chain.from_iterable(column)) for column in zip(*chunks)) if chunks else (
+        [] for _ in range(FIELDS))
     return pd.DataFrame({
-        "key": pd.Series([key_string(k) for k in keys.tolist()], dtype=object),
+        "key": pd.Series([key_string(k) for k in keys], dtype=object),
         "start": pd.Series(starts, dtype=object), "finish": pd.Series(finishes, dtype=object),
-        "time": times, "location": pd.Series(workers, dtype=object),
+        "time": np.array(times, dtype="float64"),
+        "location": pd.Series(workers, dtype=object),
         "stimulus_id": pd.Series(stimuli, dtype=object),
     })
 
 
 def _columns(rows: list[Any], finished_on: dict[Any, str | None], taken: bool
-             ) -> tuple[np.ndarray, ...]:
+             ) -> tuple[tuple, ...]:
     """Entries of the scheduler's transition log as :meth:`TransitionLog.in_chunks`'s
     columns; the worker of each task that finished, from ``finished_on`` (taken out
     of it if ``taken``)."""
-    n = len(rows)
-    if not n:
-        return (*(np.empty(0, dtype=object) for _ in range(FIELDS - 1)),
-                np.empty(0, dtype="float64"))
+    if not rows:
+        return ((),) * FIELDS
     keys, starts, finishes, _, stimuli, times = zip(*rows)
     find = finished_on.pop if taken else finished_on.get
-    workers = [find(key, None) if start == "processing" else None
-               for key, start in zip(keys, starts)]
-    # fromiter: each value one element, keys that are tuples too.
-    return (*(np.fromiter(column, dtype=object, count=n)
-              for column in (keys, starts, finishes, workers, stimuli)),
-            np.array(times, dtype="float64"))
+    workers = tuple([find(key, None) if start == "processing" else None
+                     for key, start in zip(keys, starts)])
+    return keys, starts, finishes, workers, stimuli, times

@@ -322,7 +322,7 @@ class CruxWorkerPlugin(WorkerPlugin):
                 # Sent to the scheduler with the task's completion, in the message this
                 # transition has just made (it holds the same dict).
                 metadata = ts.metadata
-                del metadata[REPORTED]
+                metadata.pop(REPORTED, None)
                 metadata[MOMENTS] = tuple(moments)  # as the scheduler's copy will hold them
                 metadata[FILES] = opened
                 if made is not None:
@@ -528,9 +528,14 @@ class CruxWorkerPlugin(WorkerPlugin):
     async def _send(self) -> bool:
         try:
             send = getattr(self.worker.scheduler, EVENTS_HANDLER)
-            while self.buffer or self.reports:
-                events = self.buffer[: self.batch_size]
-                reports = self.reports[: self.batch_size]
+            # What was recorded by now: what comes while this is sent waits for the next
+            # send, rather than following at once in a message of its own.
+            unsent_events, unsent_reports = len(self.buffer), len(self.reports)
+            while unsent_events > 0 or unsent_reports > 0:
+                events = self.buffer[: min(self.batch_size, unsent_events)]
+                reports = self.reports[: min(self.batch_size, unsent_reports)]
+                unsent_events -= len(events)
+                unsent_reports -= len(reports)
                 self.seq += 1
                 message = {"source": self.worker.address}
                 if events:

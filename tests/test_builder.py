@@ -135,6 +135,25 @@ def test_a_consumer_reported_before_its_input_transfer_waits_for_it():
     assert consumer["src"].tolist() == [moved]
 
 
+def test_an_event_that_waits_again_waits_from_when_it_first_waited():
+    # z needs two fetches; after the first it waits for the second, as long as it
+    # may wait from when it first did, not given a stand-in at the next look.
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0, 1, 8, ())
+    b.compute("y", A, 1, 1, 2, 8, ())
+    assert b.compute("z", B, 2, 3, 4, 8, ("x", "y"), now=100.0) is None
+    b.transfer("x", f"memory@{A}", f"memory@{B}", 2.1, 2.2, now=101.0)
+    assert b.n_parked == 1
+    b.resolve_parked(older_than=50.0)  # waited since 100: not yet its time
+    assert b.n_parked == 1 and b.n_fallbacks == 0
+    moved = b.transfer("y", f"memory@{A}", f"memory@{B}", 2.3, 2.4, now=102.0)
+    _, mutations = rows(b)
+    assert moved in mutations[mutations["key"] == "z"]["src"].tolist()
+    b.resolve_parked(older_than=150.0)
+    assert b.n_parked == 0 and b.n_fallbacks == 0
+
+
 def test_a_release_reported_before_the_task_that_made_the_data_waits_for_it():
     # y waits for its input's transfer, which B reports after y's release.
     b = PAGBuilder()

@@ -33,6 +33,7 @@ from crux_dask.plugins.worker import FILES_INLINE
 
 HOST = "node1"
 A = "tcp://10.0.0.1:1"
+B = "tcp://10.0.0.2:1"
 
 
 # -- the graph's rules, on events -------------------------------------------
@@ -161,6 +162,30 @@ def test_what_a_worker_reports_in_another_form_gives_no_files():
     # A task that says itself what it wrote: the annotation wins.
     told = task_events(entry([0.1, HOST, [["/a", True, 5]]], {"location": location("/b")}))
     assert [e[0] for e in told] == ["compute"] and told[0][12] == location("/b")
+
+
+def test_a_file_read_after_it_was_written_elsewhere_finds_the_write_whatever_the_clocks():
+    # The writer waits for an input its worker reports later; the reader's worker's
+    # clock puts its read 50 ms before the write, though it ran after it.
+    ingest = Ingest(PAGBuilder(), Spool(None, None), max_pending=10**9, park_timeout=10.0)
+    ingest.root(0.0, "graph")
+
+    def task(key, worker, start, inputs, path, written):
+        return (TASK, key, "memory", worker, 1,
+                [{"action": "compute", "start": start, "stop": start + 1}], 8, inputs, key,
+                key, None, None, {FILES: (0.1, HOST, [[path, written, 100]])})
+
+    ingest.queue.extend([task("writer", A, 2.0, ["input"], "/o/p1", True),
+                         task("reader", B, 2.95, [], "/o/p1", False)])
+    ingest.pending = 2
+    ingest.apply_slice()
+    ingest.record(("compute", "input", A, 1, 0.5, 1.0, 8, (), 0, None, None, None, None,
+                   None, None))
+    ingest.apply_slice()
+    states = ingest.builder.pag().states
+    files = states[states["key"] == "/o/p1"]
+    assert files["origin"].tolist() == ["writer", "writer"]  # written, then read: one file
+    assert files["location"].tolist() == [location("/o/p1"), f"memory@{B}"]
 
 
 def test_files_are_labelled_and_shown_by_their_dataset():

@@ -9,15 +9,16 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
 from crux_dask.build.builder import PAGBuilder
-from crux_dask.plugins.ingest import Ingest
+from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import REPORT_FIELDS
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import SENT, Sending
+from crux_dask.plugins.tasks import DONE, SENT, Sending
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import tasks_frame
 
 A = "tcp://10.0.0.1:1"
+B = "tcp://10.0.0.2:1"
 
 
 def report(key, start: float, stop: float, inputs=(), **fields) -> list:
@@ -85,6 +86,26 @@ def test_a_malformed_task_in_a_report_is_counted_and_the_others_are_applied():
     tasks = computed(ingest)
     assert sorted(tasks.index) == ["good", "odd"]
     assert tasks.loc["odd", "received"] != tasks.loc["odd", "received"]  # not a time: left out
+
+
+def test_a_late_report_is_waited_for_and_the_tasks_of_a_worker_that_died_are_not():
+    ingest, _ = new_ingest()
+    ingest.record((DONE, "late", A, 3.0, 8))
+    ingest.record((DONE, "lost", B, 4.0, 16))
+    ingest.apply_slice()
+    ingest.resolve(None)  # as a client's request for the graph does: not given up on
+    assert len(computed(ingest)) == 0
+    assert ingest.receive(tasks=msgpack.packb([report("late", 2.0, 3.0)]),
+                          source=A)["status"] == "OK"
+    ingest.record((LOST, B, 5.0))  # died before it sent its report
+    ingest.apply_slice()
+    tasks = computed(ingest)
+    assert list(tasks.index) == ["late"]  # once, as its worker reported it
+    assert (tasks.loc["late", "compute_start"], tasks.loc["late", "compute_stop"]) == (2.0, 3.0)
+    states = ingest.builder.pag().states
+    lost = states[states["key"] == "lost"]  # made when it finished, then gone with its worker
+    assert (lost["location"] == f"memory@{B}").all() and lost["time"].tolist() == [4.0, 5.0]
+    assert ingest.counts["tasks_unreported"] == 1 and ingest.builder.n_lost == 1
 
 
 def test_sent_tasks_never_reported_are_kept_within_a_bound():

@@ -509,8 +509,9 @@ class PAGBuilder:
         """An event made ``sid``: count it, apply the events that waited for it; ``sid``."""
         self.n_applied += 1
         while self.waiting.arrived:
-            for event in self.waiting.pop_arrived():
-                self.apply(event)
+            since, events = self.waiting.pop_arrived()
+            for event in events:
+                self.apply(event, since)
         return sid
 
     def _hold(self, key: str, location: int, sid: int) -> None:

@@ -53,11 +53,11 @@ class Waiting:
         if slot in self.events:
             self.arrived.append(slot)
 
-    def pop_arrived(self) -> list[Event]:
-        """The events of one slot that appeared, removed from the waiting ones."""
+    def pop_arrived(self) -> tuple[float, list[Event]]:
+        """The events of one slot that appeared, removed from the waiting ones, and
+        since when they waited (an event that waits again goes on from then)."""
         slot = self.arrived.pop()
-        self.since.pop(slot, None)
-        return self.events.pop(slot, [])
+        return self.since.pop(slot, 0.0), self.events.pop(slot, [])
 
     def take(self, older_than: float | None) -> list[tuple[Slot, float, Event]]:
         """Remove the events waiting since before ``older_than`` (all: ``None``).

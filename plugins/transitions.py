@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from crux_dask.plugins.logs import since
 from crux_dask.plugins.protocol import key_string
 
 # pandas is imported where frames are made: a scheduler loads this module as it
@@ -86,23 +87,14 @@ class TransitionLog:
         gone, the log let go of transitions before they were read
         (:attr:`overruns`).
         """
-        if not log:
+        fresh, lost = since(log, self._seen)
+        if not fresh:
             return
-        seen, newest = self._seen, log[-1]
-        if newest is seen:
-            return
-        fresh = []
-        for entry in reversed(log):
-            if entry is seen:
-                break
-            fresh.append(entry)
-        else:
-            if seen is not None:
-                self.overruns += 1
-                if len(self.finished_on) > _MOST_FINISHED:  # their transitions were missed
-                    self.finished_on.clear()
-        self._seen = newest
-        fresh.reverse()
+        self._seen = fresh[-1]
+        if lost:
+            self.overruns += 1
+            if len(self.finished_on) > _MOST_FINISHED:  # their transitions were missed
+                self.finished_on.clear()
         rows, room = self.rows, self.chunk - len(self.rows)
         while fresh:
             rows += fresh[:room]

@@ -48,6 +48,7 @@ from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.files import FileRecorder
+from crux_dask.plugins.logs import since
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES,
@@ -449,22 +450,16 @@ class CruxWorkerPlugin(WorkerPlugin):
         log = self.worker.transfer_outgoing_log
         if not log:
             return
-        seen = self._outgoing_seen
         newest = log[-1]
-        if newest is seen:
+        if newest is self._outgoing_seen:
             return
         try:
-            fresh = []
-            for entry in reversed(log):
-                if entry is seen:
-                    break
-                fresh.append(entry)
-            else:
-                if seen is not None:  # it fell out of the log before we read what followed
-                    self.counts["transfer_log_overruns"] += 1
+            fresh, lost = since(log, self._outgoing_seen)
+            if lost:  # it fell out of the log before we read what followed
+                self.counts["transfer_log_overruns"] += 1
             self._outgoing_seen = newest
             memory = self.memory
-            for entry in reversed(fresh):
+            for entry in fresh:
                 if entry["who"] is None:
                     start, stop = entry["start"], entry["stop"]
                     keys = entry["keys"]  # key -> bytes sent

@@ -13,6 +13,7 @@ from distributed.scheduler import Transition
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
+from crux_dask.plugins.logs import since
 from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog, transitions_frame
 
 #: The scheduler's own log, as long as distributed's default.
@@ -126,3 +127,17 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
     theirs = list(s.transition_log)[-len(ours):]
     assert [(str(t.key), t.start, t.finish, t.stimulus_id) for t in theirs] == list(
         zip(ours["key"], ours["start"], ours["finish"], ours["stimulus_id"]))
+
+
+def test_a_log_is_read_from_the_newest_entry_read_before():
+    log = deque(maxlen=4)
+    assert since(log, None) == ([], False)
+    first, second = object(), object()
+    log.extend([first, second])
+    assert since(log, None) == ([first, second], False)  # nothing read yet: nothing lost
+    assert since(log, second) == ([], False)
+    later = [object() for _ in range(3)]
+    log.extend(later)  # first falls out; second is still there
+    assert since(log, second) == (later, False)
+    log.append(newest := object())  # second falls out too: what followed it is partly gone
+    assert since(log, second) == ([*later, newest], True)

@@ -430,14 +430,10 @@ class Ingest(Recorder):
                 except Exception as error:
                     refuse(item, error)
                 for task in tasks:
-                    if kind != TASK_FILES:
-                        task = self._task_came(task, now)
-                        if task is None:  # waits for its files
-                            continue
-                    try:
-                        unfolded = task_events(task, self.roots)
-                    except Exception as error:
-                        refuse(task, error)
+                    # a task its files completed has been through _task_came already
+                    unfolded = (self._unfold(task, refuse) if kind == TASK_FILES
+                                else self._events_of(task, now, refuse))
+                    if not unfolded:  # waits for its files, or refused
                         continue
                     alone = task.files is not None  # see below
                     if alone:
@@ -542,10 +538,14 @@ class Ingest(Recorder):
         return tasks
 
     def _events_of(self, task: Finished, now: float, refuse: Any) -> list[tuple]:
-        """The builder's events of a task from the scheduler alone; none if it waits."""
+        """The builder's events of a task that came (:meth:`_task_came`); none while it
+        waits for its files."""
         task = self._task_came(task, now)
-        if task is None:
-            return []
+        return [] if task is None else self._unfold(task, refuse)
+
+    def _unfold(self, task: Finished, refuse: Any) -> list[tuple]:
+        """:func:`~crux_dask.plugins.tasks.task_events` of ``task``; none if it cannot be
+        made (``refuse`` is told)."""
         try:
             return task_events(task, self.roots)
         except Exception as error:
@@ -584,12 +584,8 @@ class Ingest(Recorder):
             self.counts["file_lists_missing"] += len(late)
             events = []
             for join in late:
-                task = self.awaiting_files.pop(join)[0]
-                try:
-                    events += task_events(_with_files(task, []), self.roots)
-                except Exception as error:
-                    self.counts["events_failed"] += 1
-                    self.last_error = f"{type(error).__name__}: {error}"
+                events += self._unfold(_with_files(self.awaiting_files.pop(join)[0], []),
+                                       self._refused)
             self.builder.apply_many(_in_time_order(events), time.monotonic(),
                                     on_error=self._refused)
         unmatched = [join for join, (_, since) in self.early_files.items()

@@ -223,52 +223,49 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         try:
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
-                ingest = self.ingest
-                ingest.queue.append((SENT, key, time.time(), (freed_by, freed_on) if (
+                entry: tuple = (SENT, key, time.time(), (freed_by, freed_on) if (
                     start == "queued" and stimulus == stimulus_id) else None,
-                    self.graph_roots.pop(key, -1)))
-                ingest.pending += 1
-                if ingest.pending >= ingest.max_pending:
-                    ingest.apply_soon()  # only scheduled: the hook itself applies nothing
-                return
-            if start != "processing" or finish not in ("memory", "erred"):
+                    self.graph_roots.pop(key, -1))
+            elif start != "processing" or finish not in ("memory", "erred"):
                 if finish == "forgotten":  # never ran: its root is not needed
                     self.graph_roots.pop(key, None)
                 return
-            worker = kwargs.get("worker")
-            self.last_finished = (stimulus_id, key, worker)
-            if self.record_transitions:
-                self.transitions.finished(key, worker)
-            ingest = self.ingest
-            if finish == "memory":
-                metadata = kwargs.get("metadata")
-                if metadata and REPORTED in metadata:  # its worker reports the rest
-                    ingest.queue.append((DONE, key, worker, time.time(),
-                                         kwargs.get("nbytes") or 0))
-                    ingest.pending += 1
-                    if ingest.pending >= ingest.max_pending:
-                        ingest.apply_soon()
-                    return
             else:
-                self.erred[key_string(key)] = {
-                    "worker": worker, "time": time.time(),
-                    "exception": kwargs.get("exception_text"),
-                }
-            ts = self.scheduler.tasks.get(key)
-            if ts is None:
-                return
-            ingest.queue.append((
-                TASK, key, finish, worker, kwargs.get("thread"), kwargs.get("startstops"),
+                entry = self._finished(key, finish, kwargs.get("worker"), stimulus_id, kwargs)
+                if entry is None:
+                    return
+            ingest = self.ingest
+            ingest.queue.append(entry)
+            ingest.pending += 1
+            if ingest.pending >= ingest.max_pending:
+                ingest.apply_soon()  # only scheduled: the hook itself applies nothing
+        except Exception as error:
+            self.ingest.failed("transition", error)
+
+    def _finished(self, key: Any, finish: str, worker: str | None, stimulus_id: str | None,
+                  kwargs: dict[str, Any]) -> tuple | None:
+        """The queue entry of a task that finished (in memory or erred) on ``worker``: that
+        it did, if its worker reports the rest, else the whole task."""
+        self.last_finished = (stimulus_id, key, worker)
+        if self.record_transitions:
+            self.transitions.finished(key, worker)
+        if finish == "memory":
+            metadata = kwargs.get("metadata")
+            if metadata and REPORTED in metadata:  # its worker reports the rest
+                return (DONE, key, worker, time.time(), kwargs.get("nbytes") or 0)
+        else:
+            self.erred[key_string(key)] = {
+                "worker": worker, "time": time.time(),
+                "exception": kwargs.get("exception_text"),
+            }
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            return None
+        return (TASK, key, finish, worker, kwargs.get("thread"), kwargs.get("startstops"),
                 kwargs.get("nbytes") or 0, [dts.key for dts in ts.dependencies],
                 ts.prefix.name, ts.group.name,
                 ts.annotations.get("crux") if ts.annotations else None, ts.priority,
-                kwargs.get("metadata"),
-            ))
-            ingest.pending += 1
-            if ingest.pending >= ingest.max_pending:
-                ingest.apply_soon()
-        except Exception as error:
-            self.ingest.failed("transition", error)
+                kwargs.get("metadata"))
 
     # -- what the client API and the dashboard use --------------------------------
     @property

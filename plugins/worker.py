@@ -447,17 +447,13 @@ class CruxWorkerPlugin(WorkerPlugin):
         is ``None``) is data a client gathered, directly or through the
         scheduler.  Costs an identity test when nothing was logged since.
         """
-        log = self.worker.transfer_outgoing_log
-        if not log:
+        fresh, lost = since(self.worker.transfer_outgoing_log, self._outgoing_seen)
+        if not fresh:
             return
-        newest = log[-1]
-        if newest is self._outgoing_seen:
-            return
+        if lost:  # it fell out of the log before we read what followed
+            self.counts["transfer_log_overruns"] += 1
+        self._outgoing_seen = fresh[-1]
         try:
-            fresh, lost = since(log, self._outgoing_seen)
-            if lost:  # it fell out of the log before we read what followed
-                self.counts["transfer_log_overruns"] += 1
-            self._outgoing_seen = newest
             memory = self.memory
             for entry in fresh:
                 if entry["who"] is None:
@@ -468,7 +464,6 @@ class CruxWorkerPlugin(WorkerPlugin):
                         self._record(("transfer", key_string(key), memory, CLIENT, start,
                                       stop, nbytes or 0))
         except Exception as error:
-            self._outgoing_seen = newest
             self._hook_failed(error)
 
     # -- transport --------------------------------------------------------------

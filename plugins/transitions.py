@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +19,11 @@ __all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
 
 #: Transitions per chunk: the newest are rows until there are this many of them.
 CHUNK = 4096
-#: Columns of each chunk: key, start, finish, worker, stimulus, time.
-FIELDS = 6
+#: Columns of each chunk: key, start, finish, stimulus and time of each transition; the
+#: positions of those that finished a task (out of processing, in memory or erred), and
+#: the worker of each.
+FIELDS = 7
+_FINISHED = frozenset({"memory", "erred"})
 #: Finished tasks noted whose transition was not read, past which they are let go
 #: after the scheduler's log let go of transitions before they were read.
 _MOST_FINISHED = 100_000
@@ -63,7 +65,7 @@ class TransitionLog:
         self.dropped = 0
         self.overruns = 0
         self.rows: list[Any] = []  # the newest transitions, as the scheduler logged them
-        # Each: key, start, finish, worker, stimulus (object arrays) and time (float64).
+        # Each: FIELDS columns of CHUNK transitions.
         self.chunks: list[tuple[tuple, ...]] = []
         # Tasks that finished, not in a chunk yet: key -> the worker they finished on.
         self.finished_on: dict[Any, str | None] = {}
@@ -150,12 +152,23 @@ def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``key``, ``start``, ``finish``, ``time``, ``location`` (the
-        worker, if any) and ``stimulus_id``.
+        worker a task finished on, on its transition out of processing) and
+        ``stimulus_id``.
     """
     import pandas as pd
-    keys, starts, finishes, workers, stimuli, times = (
-        list(itertools.chain.from_iterable(column)) for column in zip(*chunks)) if chunks else (
-        [] for _ in range(FIELDS))
+    keys, starts, finishes, stimuli, times = ([] for _ in range(5))
+    workers: list[str | None] = []
+    for chunk_keys, chunk_starts, chunk_finishes, chunk_stimuli, chunk_times, finished, on in (
+            chunks):
+        offset = len(keys)
+        keys += chunk_keys
+        starts += chunk_starts
+        finishes += chunk_finishes
+        stimuli += chunk_stimuli
+        times += chunk_times
+        workers += [None] * len(chunk_keys)
+        for position, worker in zip(finished, on):
+            workers[offset + position] = worker
     return pd.DataFrame({
         "key": pd.Series([key_string(k) for k in keys], dtype=object),
         "start": pd.Series(starts, dtype=object), "finish": pd.Series(finishes, dtype=object),
@@ -168,12 +181,15 @@ def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
 def _columns(rows: list[Any], finished_on: dict[Any, str | None], taken: bool
              ) -> tuple[tuple, ...]:
     """Entries of the scheduler's transition log as :meth:`TransitionLog.in_chunks`'s
-    columns; the worker of each task that finished, from ``finished_on`` (taken out
-    of it if ``taken``)."""
+    columns; the positions of the tasks that finished, and the worker of each, from
+    ``finished_on`` (taken out of it if ``taken``).  A transition out of
+    processing that finished nothing (its worker left) takes no worker: the task's
+    next finish may be noted already."""
     if not rows:
         return ((),) * FIELDS
     keys, starts, finishes, _, stimuli, times = zip(*rows)
+    finished = tuple([i for i, start in enumerate(starts)
+                      if start == "processing" and finishes[i] in _FINISHED])
     find = finished_on.pop if taken else finished_on.get
-    workers = tuple([find(key, None) if start == "processing" else None
-                     for key, start in zip(keys, starts)])
-    return keys, starts, finishes, workers, stimuli, times
+    return keys, starts, finishes, stimuli, times, finished, tuple(
+        [find(keys[i], None) for i in finished])

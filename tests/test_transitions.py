@@ -44,6 +44,24 @@ def test_every_transition_in_order_with_tuple_keys_whole():
     assert log.dropped == 0
 
 
+def test_a_task_that_left_processing_for_a_lost_worker_then_finished_has_one_worker():
+    """Out of processing twice (its worker died, then it finished elsewhere): only the
+    transition that finished it names a worker, also within one chunk."""
+    log, logged = TransitionLog(100_000), deque(maxlen=100)
+    log.start(logged)
+    logged.append(Transition("t", "processing", "released", {}, "worker-gone", 1.0))
+    logged.append(Transition("t", "released", "waiting", {}, "worker-gone", 1.0))
+    logged.append(Transition("t", "waiting", "processing", {}, "worker-gone", 1.0))
+    log.finished("t", "tcp://w1")
+    logged.append(Transition("t", "processing", "memory", {}, "task-finished", 2.0))
+    log.read(logged)
+    for frame in (log.frame(), transitions_frame(log.in_chunks())):
+        assert frame["location"].tolist() == [None, None, None, "tcp://w1"]
+    log._to_columns()  # made into a chunk: the worker is taken along
+    assert log.frame()["location"].tolist() == [None, None, None, "tcp://w1"]
+    assert not log.finished_on
+
+
 def test_the_transitions_travel_in_chunks_pickled_apart():
     """As the export sends them: no piece holds more than a chunk, and the table made
     of them on the other side is the whole of it."""

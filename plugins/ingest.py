@@ -638,6 +638,10 @@ def _with_files(task: Finished, files: Any) -> Finished:
     return task._replace(files=(io, host, files))
 
 
+#: The most bytes a msgpack array's head takes (its type, and a 32-bit length).
+_LONGEST_ARRAY_HEAD = 5
+
+
 def count_reports(tasks: Any) -> int:
     """How many tasks a worker's report holds (:data:`~crux_dask.plugins.protocol.TASKS`),
     read from its head only.
@@ -651,8 +655,8 @@ def count_reports(tasks: Any) -> int:
         raise BatchError(f"tasks must be msgpack bytes, got {type(tasks).__name__}")
     if len(tasks) > MAX_BATCH_BYTES:
         raise BatchError(f"tasks of {len(tasks)} bytes, more than {MAX_BATCH_BYTES}")
-    unpacker = msgpack.Unpacker(max_buffer_size=max(len(tasks), 1))
-    unpacker.feed(tasks)
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(bytes(tasks[:_LONGEST_ARRAY_HEAD]))  # not a copy of the whole report
     try:
         count = unpacker.read_array_header()
     except Exception as error:  # msgpack raises several unrelated types

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from crux_dask.plugins.protocol import key_string
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
+__all__ = ["CHUNK", "FIELDS", "MOST_PIECES", "TransitionLog", "transitions_frame"]
 
 #: Transitions per chunk: the newest are rows until there are this many of them.
 CHUNK = 4096
@@ -24,6 +25,8 @@ CHUNK = 4096
 #: the worker of each.
 FIELDS = 7
 _FINISHED = frozenset({"memory", "erred"})
+#: Pieces a chunk keeps apart; a chunk of more is made of them joined.
+MOST_PIECES = 16
 #: Finished tasks noted whose transition was not read, past which they are let go
 #: after the scheduler's log let go of transitions before they were read.
 _MOST_FINISHED = 100_000
@@ -40,15 +43,17 @@ class TransitionLog:
     the transition hook notes (:meth:`finished`) as it records the task.
 
     What each read takes becomes columns at once, while the scheduler's entries
-    are still in the processor's cache (a read a second later finds them out of
-    it, and took three times as long), made with ``zip``, without a step per
-    value: a *piece*.  Pieces are tuples of strings, keys and numbers: the
+    are still in the processor's cache (made a second later, when the cache had
+    let them go, they cost the scheduler a quarter more), with ``zip``, without
+    a step per value: a *piece*.  Pieces are tuples of strings, keys and numbers: the
     garbage collector walks every list the scheduler's process holds, element by
     element, at each full collection (a million strings in lists add about 40 ms
     to each here), but it stops tracking a tuple that holds only such values the
     first time it meets it (and a key that is a tuple of them).  Every
     :data:`CHUNK` transitions, the pieces that hold them make a chunk, the unit
-    dropped past ``capacity``.
+    dropped past ``capacity``; more than :data:`MOST_PIECES` of them (a
+    scheduler with little to do, a few transitions a read) are made one first,
+    so that a chunk never takes much more room than its transitions do.
 
     Parameters
     ----------
@@ -115,7 +120,8 @@ class TransitionLog:
     def _to_chunk(self) -> None:
         # A new list of pieces, not the old one emptied: a thread may be reading it
         # (see :meth:`kept`); the list of chunks is copied there.
-        self.chunks.append(tuple(self.pieces))
+        pieces = self.pieces
+        self.chunks.append(tuple(pieces) if len(pieces) <= MOST_PIECES else (_joined(pieces),))
         self.pieces = []
         self.in_pieces = 0
         excess = len(self) - self.capacity
@@ -195,3 +201,14 @@ def _columns(rows: list[Any], finished_on: dict[Any, str | None]) -> tuple[tuple
     take = finished_on.pop
     return keys, starts, finishes, stimuli, times, finished, tuple(
         [take(keys[i], None) for i in finished])
+
+
+def _joined(pieces: list[tuple[tuple, ...]]) -> tuple[tuple, ...]:
+    """One piece of the transitions of ``pieces``, in order."""
+    columns = [tuple(chain.from_iterable(piece[i] for piece in pieces)) for i in range(5)]
+    finished: list[int] = []
+    offset = 0
+    for piece in pieces:
+        finished += [offset + i for i in piece[5]]
+        offset += len(piece[0])
+    return (*columns, tuple(finished), tuple(chain.from_iterable(piece[6] for piece in pieces)))

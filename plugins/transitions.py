@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,17 +15,15 @@ from crux_dask.plugins.protocol import key_string
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CHUNK", "FIELDS", "MOST_PIECES", "TransitionLog", "transitions_frame"]
+__all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
 
 #: Transitions per chunk: the newest are rows until there are this many of them.
 CHUNK = 4096
-#: Columns of each piece: key, start, finish, stimulus and time of each transition; the
+#: Columns of each chunk: key, start, finish, stimulus and time of each transition; the
 #: positions of those that finished a task (out of processing, in memory or erred), and
 #: the worker of each.
 FIELDS = 7
 _FINISHED = frozenset({"memory", "erred"})
-#: Pieces a chunk keeps apart; a chunk of more is made of them joined.
-MOST_PIECES = 16
 #: Finished tasks noted whose transition was not read, past which they are let go
 #: after the scheduler's log let go of transitions before they were read.
 _MOST_FINISHED = 100_000
@@ -41,19 +38,12 @@ class TransitionLog:
     callback, where a hook called on every transition would cost the
     scheduler more.  The worker a task finished on, which that log leaves out,
     the transition hook notes (:meth:`finished`) as it records the task.
-
-    What each read takes becomes columns at once, while the scheduler's entries
-    are still in the processor's cache (made a second later, when the cache had
-    let them go, they cost the scheduler a quarter more), with ``zip``, without
-    a step per value: a *piece*.  Pieces are tuples of strings, keys and numbers: the
-    garbage collector walks every list the scheduler's process holds, element by
-    element, at each full collection (a million strings in lists add about 40 ms
-    to each here), but it stops tracking a tuple that holds only such values the
-    first time it meets it (and a key that is a tuple of them).  Every
-    :data:`CHUNK` transitions, the pieces that hold them make a chunk, the unit
-    dropped past ``capacity``; more than :data:`MOST_PIECES` of them (a
-    scheduler with little to do, a few transitions a read) are made one first,
-    so that a chunk never takes much more room than its transitions do.
+    Every :data:`CHUNK` transitions become columns, tuples of strings, keys
+    and numbers: the garbage collector walks every list the scheduler's
+    process holds, element by element, at each full collection (a million
+    strings in lists add about 40 ms to each here), but it stops tracking a
+    tuple that holds only such values the first time it meets it (and a key
+    that is a tuple of them).  Made with ``zip``, without a step per value.
 
     Parameters
     ----------
@@ -74,17 +64,15 @@ class TransitionLog:
         self.chunk = max(1, min(CHUNK, capacity // 4))
         self.dropped = 0
         self.overruns = 0
-        # The newest transitions, fewer than a chunk: pieces of FIELDS columns.
-        self.pieces: list[tuple[tuple, ...]] = []
-        self.in_pieces = 0
-        # Each: the pieces of CHUNK transitions.
-        self.chunks: list[tuple[tuple[tuple, ...], ...]] = []
-        # Tasks that finished, their transition not read yet: key -> the worker.
+        self.rows: list[Any] = []  # the newest transitions, as the scheduler logged them
+        # Each: FIELDS columns of CHUNK transitions.
+        self.chunks: list[tuple[tuple, ...]] = []
+        # Tasks that finished, not in a chunk yet: key -> the worker they finished on.
         self.finished_on: dict[Any, str | None] = {}
         self._seen: Any = None  # the newest entry of the scheduler's log read
 
     def __len__(self) -> int:
-        return len(self.chunks) * self.chunk + self.in_pieces
+        return len(self.chunks) * self.chunk + len(self.rows)
 
     def start(self, log: Sequence[Any]) -> None:
         """Read from now on: what ``log`` holds already is not this run's."""
@@ -109,49 +97,49 @@ class TransitionLog:
             self.overruns += 1
             if len(self.finished_on) > _MOST_FINISHED:  # their transitions were missed
                 self.finished_on.clear()
+        rows, room = self.rows, self.chunk - len(self.rows)
         while fresh:
-            room = self.chunk - self.in_pieces
-            self.pieces.append(_columns(fresh[:room], self.finished_on))
-            self.in_pieces += min(room, len(fresh))
+            rows += fresh[:room]
             del fresh[:room]
-            if self.in_pieces == self.chunk:
-                self._to_chunk()
+            if len(rows) == self.chunk:
+                self._to_columns()
+                rows, room = self.rows, self.chunk
 
-    def _to_chunk(self) -> None:
-        # A new list of pieces, not the old one emptied: a thread may be reading it
+    def _to_columns(self) -> None:
+        # A new list of rows, not the old one emptied: a thread may be reading it
         # (see :meth:`kept`); the list of chunks is copied there.
-        pieces = self.pieces
-        self.chunks.append(tuple(pieces) if len(pieces) <= MOST_PIECES else (_joined(pieces),))
-        self.pieces = []
-        self.in_pieces = 0
+        self.chunks.append(_columns(self.rows, self.finished_on, taken=True))
+        self.rows = []
         excess = len(self) - self.capacity
         if excess >= self.chunk:
             drop = excess // self.chunk
             del self.chunks[:drop]
             self.dropped += drop * self.chunk
 
-    def kept(self) -> tuple[list, list]:
+    def kept(self) -> tuple[list, list, int]:
         """The transitions as they are now: what :meth:`frame` reads.
 
-        Chunks and pieces are never changed, and the list of pieces only grows
-        at its end until they become a chunk (in a new list): a thread can make
-        the frame of what was kept when this was called while transitions go on
-        being recorded.
+        Chunks are never changed, and the rows only grow at their end until
+        they become a chunk (in a new list): a thread can make the frame of
+        what was kept when this was called while transitions go on being
+        recorded.
         """
-        return list(self.chunks), self.pieces[:]
+        return list(self.chunks), self.rows, len(self.rows)
 
-    def in_chunks(self, kept: tuple[list, list] | None = None) -> list[tuple[tuple, ...]]:
+    def in_chunks(self, kept: tuple[list, list, int] | None = None
+                  ) -> list[tuple[tuple, ...]]:
         """The transitions kept (by default now, else when :meth:`kept` was called) as
-        pieces of columns, oldest first: what :func:`transitions_frame` reads.
+        chunks of columns, oldest first: what :func:`transitions_frame` reads.
 
         Each can be pickled apart, a short hold of the interpreter: a million
         transitions pickled at once hold it (and a server's event loop) for as
         long as pickling each of their five million strings takes.
         """
-        chunks, pieces = kept or self.kept()
-        return [piece for chunk in chunks for piece in chunk] + pieces
+        chunks, rows, n = kept or self.kept()
+        return ([*chunks, _columns(rows[:n], self.finished_on, taken=False)] if n or not chunks
+                else list(chunks))
 
-    def frame(self, kept: tuple[list, list] | None = None) -> pd.DataFrame:
+    def frame(self, kept: tuple[list, list, int] | None = None) -> pd.DataFrame:
         """:func:`transitions_frame` of the transitions kept (by default now, else when
         :meth:`kept` was called)."""
         return transitions_frame(self.in_chunks(kept))
@@ -190,25 +178,18 @@ def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
     })
 
 
-def _columns(rows: list[Any], finished_on: dict[Any, str | None]) -> tuple[tuple, ...]:
-    """Entries of the scheduler's transition log as a piece of :data:`FIELDS` columns;
-    the positions of the tasks that finished, and the worker of each, taken out of
-    ``finished_on``.  A transition out of processing that finished nothing (its
-    worker left) takes no worker: the task's next finish may be noted already."""
+def _columns(rows: list[Any], finished_on: dict[Any, str | None], taken: bool
+             ) -> tuple[tuple, ...]:
+    """Entries of the scheduler's transition log as :meth:`TransitionLog.in_chunks`'s
+    columns; the positions of the tasks that finished, and the worker of each, from
+    ``finished_on`` (taken out of it if ``taken``).  A transition out of
+    processing that finished nothing (its worker left) takes no worker: the task's
+    next finish may be noted already."""
+    if not rows:
+        return ((),) * FIELDS
     keys, starts, finishes, _, stimuli, times = zip(*rows)
     finished = tuple([i for i, start in enumerate(starts)
                       if start == "processing" and finishes[i] in _FINISHED])
-    take = finished_on.pop
+    find = finished_on.pop if taken else finished_on.get
     return keys, starts, finishes, stimuli, times, finished, tuple(
-        [take(keys[i], None) for i in finished])
-
-
-def _joined(pieces: list[tuple[tuple, ...]]) -> tuple[tuple, ...]:
-    """One piece of the transitions of ``pieces``, in order."""
-    columns = [tuple(chain.from_iterable(piece[i] for piece in pieces)) for i in range(5)]
-    finished: list[int] = []
-    offset = 0
-    for piece in pieces:
-        finished += [offset + i for i in piece[5]]
-        offset += len(piece[0])
-    return (*columns, tuple(finished), tuple(chain.from_iterable(piece[6] for piece in pieces)))
+        [find(keys[i], None) for i in finished])

@@ -57,26 +57,9 @@ def test_a_task_that_left_processing_for_a_lost_worker_then_finished_has_one_wor
     log.read(logged)
     for frame in (log.frame(), transitions_frame(log.in_chunks())):
         assert frame["location"].tolist() == [None, None, None, "tcp://w1"]
-    assert not log.finished_on  # taken along as the transitions were read
-
-
-def test_a_trickle_of_transitions_is_kept_in_as_few_pieces_as_a_flood():
-    """A read of a few transitions makes a small piece; past MOST_PIECES of them, a
-    chunk is made of them joined, the transitions and their workers as they were."""
-    log, logged = TransitionLog(100_000), deque(maxlen=100)
-    log.start(logged)
-    for i in range(log.chunk + 3):
-        if i % 2:
-            log.finished(("x", i), f"tcp://w{i % 3}")
-        logged.append(Transition(("x", i), "processing", "memory" if i % 2 else "released",
-                                 {}, f"s-{i}", float(i)))
-        log.read(logged)  # one transition a read
-    assert [len(chunk) for chunk in log.chunks] == [1] and len(log.pieces) == 3
-    frame = log.frame()
-    assert frame["key"].tolist() == [str(("x", i)) for i in range(log.chunk + 3)]
-    assert frame["time"].tolist() == [float(i) for i in range(log.chunk + 3)]
-    assert frame["location"].tolist() == [f"tcp://w{i % 3}" if i % 2 else None
-                                          for i in range(log.chunk + 3)]
+    log._to_columns()  # made into a chunk: the worker is taken along
+    assert log.frame()["location"].tolist() == [None, None, None, "tcp://w1"]
+    assert not log.finished_on
 
 
 def test_the_transitions_travel_in_chunks_pickled_apart():
@@ -118,7 +101,7 @@ def test_nothing_kept_is_a_long_list_or_a_tuple_for_the_collector_to_walk():
     longest = max(len(o) for o in held if isinstance(o, list))
     assert longest < FIELDS * CHUNK  # the newest rows; the rest are numpy arrays
     gc.collect()  # the collector stops tracking what holds no container the first time
-    assert not any(gc.is_tracked(piece) for chunk in log.chunks for piece in chunk)
+    assert not any(gc.is_tracked(column) for chunk in log.chunks for column in chunk)
     assert len(log) == 100_000
 
 

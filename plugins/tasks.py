@@ -125,8 +125,8 @@ def reported_task(row: Any, worker: str) -> Finished:
         raise ValueError(f"task {key!r}: start and stop must be times in order")
     if not (type(nbytes) is int and nbytes >= 0):
         raise ValueError(f"task {key!r}: nbytes must be an integer >= 0")
-    inputs = [_as_key(i) for i in inputs] if isinstance(inputs, list) else None
-    if inputs is None or not all(_is_key(i) for i in inputs):
+    inputs = [_key_name(i) for i in inputs] if isinstance(inputs, list) else None
+    if inputs is None or None in inputs:
         raise ValueError(f"task {key!r}: inputs must be an array of keys")
     if thread is not None and type(thread) is not int:
         raise ValueError(f"task {key!r}: thread must be an integer or None")
@@ -134,7 +134,7 @@ def reported_task(row: Any, worker: str) -> Finished:
     if isinstance(priority, list) and priority:  # the worker adds its generation
         priority = tuple(priority[:-1])
     return Finished(key_string(key), False, worker, thread, start, stop, nbytes,
-                    tuple(key_string(i) for i in inputs),
+                    tuple(inputs),
                     prefix if type(prefix) is str else None, key_split_group(key), annotation,
                     priority, received, runnable, None, shards)
 
@@ -354,7 +354,18 @@ def _moments(moments: Any) -> tuple[float | None, float | None]:
 
 def _as_key(value: Any) -> Any:
     """A key as msgpack gives it back, a tuple again (an array comes as a list)."""
-    return tuple(_as_key(v) for v in value) if isinstance(value, list) else value
+    if type(value) is not list:
+        return value
+    return tuple([_as_key(v) if type(v) is list else v for v in value])
+
+
+def _key_name(value: Any) -> str | None:
+    """The string of a key as msgpack gives it back (:func:`_as_key`); None if it is not
+    a Dask key."""
+    if type(value) is str:
+        return value
+    key = _as_key(value)
+    return key_string(key) if _is_key(key) else None
 
 
 def _is_key(value: Any) -> bool:

@@ -122,12 +122,13 @@ def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0
         :data:`COLUMNS_FROM` events on: below that, putting events in columns
         and reading them back costs more than it saves.
     """
-    events = list(events)
+    if not isinstance(events, list):
+        events = list(events)
     if columns is None:
         columns = len(events) >= COLUMNS_FROM
-    if not columns:
-        return msgpack.packb({"v": 1, "source": source, "seq": seq,
-                              "events": [list(e) for e in events]}, use_bin_type=True)
+    if not columns:  # msgpack packs a tuple as it packs a list
+        return msgpack.packb({"v": 1, "source": source, "seq": seq, "events": events},
+                             use_bin_type=True)
     encoded = EventColumns.from_events(events)
     queued = np.flatnonzero(encoded.released_by >= 0).tolist()
     if queued:  # the scheduler's knowledge, not among the wire's columns: whole

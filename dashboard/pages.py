@@ -13,9 +13,9 @@ from weakref import WeakKeyDictionary
 from bokeh.application import Application
 from bokeh.application.handlers.handler import Handler
 from bokeh.document import Document
-from bokeh.events import DocumentReady
+from bokeh.events import ConnectionLost, DocumentReady
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, Div, Select, TextInput
+from bokeh.models import ColumnDataSource, CustomJS, Div, Select, TextInput
 from bokeh.server.server import BokehTornado
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
@@ -55,6 +55,18 @@ INDIVIDUAL = dict(zip(INDIVIDUAL_PAGES, (WCPTimeline, Breakdown, StepsTable, Pre
 UPDATE_INTERVAL = 500  # milliseconds
 CHECK_INTERVAL = 100  # milliseconds: how soon a path chosen on the page is shown
 STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages
+#: What a page does when its websocket closes: ask for itself again, every second or
+#: two, and reload once it is served (see reload_when_served_again).
+RELOAD_WHEN_SERVED = """
+if (window.cruxReloading) { return; }
+window.cruxReloading = true;
+const again = (delay) => setTimeout(() => {
+    fetch(window.location.href, {cache: "no-store"}).then(
+        (answer) => answer.ok ? window.location.reload() : again(2000),
+        () => again(2000));
+}, delay);
+again(500);
+"""
 
 
 class MadeOffLoop(Handler):
@@ -101,6 +113,19 @@ def insert_in_place(layout: Any, position: int, part: Any, shown: list[int]) -> 
     shown.append(position)
 
 
+def reload_when_served_again(doc: Document) -> None:
+    """Have the browser reload the page shown by ``doc`` once its server is back.
+
+    A page relayed from the graph process loses its websocket when that
+    process dies, and the scheduler serves the pages itself from then on; a
+    scheduler that restarts serves them again.  BokehJS only announces the
+    loss (``ConnectionLost``, once per attempt to reconnect): the page then
+    asks for itself until it is answered, and reloads.  While nothing answers
+    it keeps showing what it showed.
+    """
+    doc.js_on_event(ConnectionLost, CustomJS(code=RELOAD_WHEN_SERVED))
+
+
 def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, Any]],
                    sources: list[ColumnDataSource]) -> None:
     """Add ``root`` to ``doc`` now, and each of ``parts`` (``(position, part)``, see
@@ -114,8 +139,10 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, A
     own, the long ones of ``sources`` (its components') in pieces after it
     (:func:`~.pieces.hold_back`).  A client that never says it shows the page
     (BokehJS does: ``DocumentReady``) gets the parts after
-    :data:`STAGES_AT_THE_LATEST` ms.
+    :data:`STAGES_AT_THE_LATEST` ms.  The page reloads itself once served again
+    after its server went away (:func:`reload_when_served_again`).
     """
+    reload_when_served_again(doc)
     doc.theme = BOKEH_THEME  # before the models: a theme set later is applied to each again
     doc.add_root(root)
     waiting = list(parts)

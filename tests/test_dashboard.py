@@ -825,6 +825,32 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
         assert console_errors(driver) == []
 
 
+def test_a_relayed_page_reloads_itself_when_the_graph_process_dies():
+    """The graph process serving a page dies: the relayed websocket closes, the scheduler
+    serves the pages itself from then on, and the open page reloads itself to show the
+    same path from the scheduler, with no error in the browser's console."""
+    import signal
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with watched_cluster(apart=True) as (driver, c, url):
+        dask.compute(diamond())
+        path = crux_dask.get_wcp(c)
+        driver.get(f"{url}/crux")
+        assert rendered_bars(driver) == len(path)
+        driver.execute_script("window.cruxFirstLoad = true;")  # gone with a reload
+        crux = c.cluster.scheduler.plugins["crux"]
+        os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
+        WebDriverWait(driver, 30, poll_frequency=0.25).until(
+            lambda driver: driver.execute_script("return window.cruxFirstLoad === undefined"),
+            "the page did not reload itself")
+        assert rendered_bars(driver) == len(path)
+        assert not crux.ingest.alive
+        assert any("/crux" in getattr(app, "app_paths", ())  # now the scheduler's own page
+                   for app in c.cluster.scheduler.http_application.applications)
+        assert console_errors(driver) == []
+
+
 def test_browser_switches_the_path_to_one_span(tmp_path):
     import distributed
     from distributed.utils import key_split_group

@@ -55,8 +55,9 @@ INDIVIDUAL = dict(zip(INDIVIDUAL_PAGES, (WCPTimeline, Breakdown, StepsTable, Pre
 UPDATE_INTERVAL = 500  # milliseconds
 CHECK_INTERVAL = 100  # milliseconds: how soon a path chosen on the page is shown
 STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages
-#: What a page does when its websocket closes: ask for itself again, every second or
-#: two, and reload once it is served (see reload_when_served_again).
+#: What a page does when its websocket closes: ask for itself again, after half a
+#: second and then every two, and reload once it is served (see
+#: reload_when_served_again).
 RELOAD_WHEN_SERVED = """
 if (window.cruxReloading) { return; }
 window.cruxReloading = true;

@@ -3,7 +3,7 @@
 Two LocalClusters of one worker process × one thread run side by side, one
 without Crux and one with it (files recorded, the default).  In interleaved
 rounds, each runs the same task: open and read ``--files`` small files.  The
-task times itself (the audit hook's cost is paid in its thread); the round's
+task times itself (the cost of noting each open is paid in its thread); the round's
 wall time is how much later its result reaches the client (the completion is
 sent before the files' sizes are taken: a task that opened this many has
 them taken in a thread of the worker, and sent after it).  Each round ends

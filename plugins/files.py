@@ -1,14 +1,29 @@
-"""Files that tasks open, seen through Python's audit hooks, without a change to user code.
+"""Files that tasks open, seen through the functions that open them, without a change to
+user code.
 
-Every ``open()`` (and ``os.open``, and what libraries build on them: pandas,
-pyarrow's Python file objects, fsspec's local files) raises an ``open`` audit
-event in the thread that opens the file.  A worker runs each task in a thread
-of its own executor and marks that thread with the task's key
-(``distributed.worker.thread_state``), so the hook knows which task opened
+While a worker of the process records files, ``open()`` (``builtins.open`` and
+``io.open``, one function), ``os.open``, ``os.rename``, ``os.replace`` and
+``os.link`` are wrapped: each calls the function it wraps, then notes what it
+opened (or moved) for the task of the calling thread.  That covers what
+libraries build on them: pandas, pyarrow's Python file objects, fsspec's
+local files, pathlib, numpy, zarr's local stores.  A worker runs each task in
+a thread of its own executor and marks that thread with the task's key
+(``distributed.worker.thread_state``), so a wrapper knows which task opened
 which file, and whether for writing, at the cost of a few attribute reads.
-Sizes are taken when the task is done, once per file: in the worker's event
-loop for a task that opened a few files, in a thread of their own for one
-that opened many (:class:`crux_dask.plugins.worker.CruxWorkerPlugin`).
+The functions are put back as they were when the last recorder of the
+process stops (unless something wrapped them again meanwhile).  Sizes are
+taken when the task is done, once per file: in the worker's event loop for a
+task that opened a few files, in a thread of their own for one that opened
+many (:class:`crux_dask.plugins.worker.CruxWorkerPlugin`).
+
+Why not an audit hook, which sees every ``open`` (also ``io.FileIO`` built
+directly, and code that kept a reference to ``open`` from before)?  The
+interpreter calls an audit hook for every audited event of the process, and
+distributed's worker raises about 90 for each task (``builtins.id``, in
+``TaskState.__hash__``): about 0.19 µs each with any hook at all, even one in
+C, which is 17 µs a task and 1.1 % of the worker's CPU on tiny tasks, for
+files that nearly all tasks never open.  The wrappers cost nothing to a task
+that opens no file, and about as much as the hook did to one that does.
 
 Some libraries open files in threads of their own while the task's thread
 waits (zarr's stores, through an event loop and a thread pool of their own):
@@ -18,37 +33,38 @@ whose it is cannot be told, and it is not recorded.
 
 A task's seconds on files are the seconds its thread was off the CPU from
 its first ``open`` to its end: the time it waited for storage (a read served
-from the page cache costs CPU time, and counts as computing).  What its
-thread read or wrote with calls that raise no audit event (a C library
-opening files itself) is not seen.
-
-Audit hooks cannot be removed: the hook is added once per process and does
-nothing while no worker of the process records files.
+from the page cache costs CPU time, and counts as computing).  Files a task
+opens through other ways (a C library opening them itself) are not seen.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
+import io
 import os
 import site
 import stat
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
+from types import ModuleType
 from typing import Any
 
 from distributed.worker import thread_state
 
 __all__ = ["FileRecorder"]
 
-#: Recorders by the id of the worker they serve; the hook's only way in, and
+#: Recorders by the id of the worker they serve; the wrappers' only way in, and
 #: the only one when there is one (a worker process has one worker).
 _recorders: dict[int, FileRecorder] = {}
 _single: FileRecorder | None = None
 #: The only recorder's :attr:`FileRecorder.by_task` (None unless there is one).
 _single_by_task: dict | None = None
-_installed = False
+#: What is wrapped now: (module, name, the function it was, its wrapper).
+_wrapped: list[tuple[ModuleType, str, Callable, Callable]] = []
 _install_lock = threading.Lock()
 
 #: Flags of an ``open`` that may change the file.
@@ -61,9 +77,9 @@ _SKIPPED_SUFFIXES = (".py", ".pyc", ".so", ".pth")
 _SKIPPED_PREFIXES = ("/proc/", "/sys/", "/dev/")
 
 
-def _audit(event: str, args: tuple, _state: Any = thread_state) -> None:
-    """The process's audit hook: note an ``open`` (or a file moved) by a task for its
-    worker's recorder.
+def _opened(path: Any, flags: int, _state: Any = thread_state) -> None:
+    """Note that ``path`` was opened (or moved) now, with ``flags``, by the task of this
+    thread, for its worker's recorder.
 
     As little as can be, in the task's thread (the default saves a global
     lookup): with one recorder in the process (a worker process has one
@@ -71,25 +87,53 @@ def _audit(event: str, args: tuple, _state: Any = thread_state) -> None:
     lookups and two appends of its path and flags to the task's list (kept
     as a tuple, each open would keep one more object for the garbage
     collector to walk); anything else goes to :func:`_open_slowly`, and the
-    rest waits for :meth:`FileRecorder.take`.  A file written under a
-    temporary name and then renamed (or linked) to its own, as zarr's stores
-    write, is noted as both names, the first marked as moved away and the
-    second as written.
+    rest waits for :meth:`FileRecorder.take`.
     """
-    if event == "open":
-        try:
-            opened = _single_by_task[_state.key]
-        except Exception:  # no single recorder, no task in this thread, or its first open
-            _open_slowly(args[0], args[2])
-            return
-        opened.append(args[0])
-        opened.append(args[2])
-    # A file given another name (os.replace raises os.rename), noted as two opens. Two
-    # comparisons, not a set: each event is a new string, whose hash a set would
-    # compute, and nearly all events (builtins.id, 90 a task) differ in length.
-    elif event == "os.rename" or event == "os.link":
-        _audit("open", (args[0], None, _MOVED_AWAY))
-        _audit("open", (args[1], None, _MOVED_HERE))
+    try:
+        opened = _single_by_task[_state.key]
+    except Exception:  # no single recorder, no task in this thread, or its first open
+        _open_slowly(path, flags)
+        return
+    opened.append(path)
+    opened.append(flags)
+
+
+def _watch_open(open_file: Callable) -> Callable:
+    """``open()`` (``io.open``), noting the file it opened."""
+    @functools.wraps(open_file)
+    def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened = open_file(file, mode, *args, **kwargs)
+        # Only one of r, w, a and x is allowed, and + adds writing.
+        _opened(file, os.O_RDONLY if "r" in mode and "+" not in mode else os.O_WRONLY)
+        return opened
+    return open
+
+
+def _watch_os_open(open_descriptor: Callable) -> Callable:
+    """``os.open``, noting the file it opened."""
+    @functools.wraps(open_descriptor)
+    def open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        descriptor = open_descriptor(path, flags, *args, **kwargs)
+        _opened(path, flags)
+        return descriptor
+    open.__module__ = "os"  # where it is found, so that it pickles as itself
+    return open
+
+
+def _watch_move(move: Callable) -> Callable:
+    """``os.rename``, ``os.replace`` or ``os.link``, noting the file as its new name.
+
+    A file written under a temporary name and then renamed (or linked) to its
+    own, as zarr's stores write, is noted as both names, the first marked as
+    moved away and the second as written.
+    """
+    @functools.wraps(move)
+    def moved(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        move(src, dst, *args, **kwargs)
+        _opened(src, _MOVED_AWAY)
+        _opened(dst, _MOVED_HERE)
+    moved.__module__ = "os"  # where it is found, so that it pickles as itself
+    return moved
 
 
 def _open_slowly(path: Any, flags: int, _state: Any = thread_state) -> None:
@@ -104,7 +148,7 @@ def _open_slowly(path: Any, flags: int, _state: Any = thread_state) -> None:
             return
         recorder = _single or _recorders[id(_state.execution_state["worker"])]
         recorder.note(key, threading.get_ident(), path, flags)
-    except Exception:  # an audit hook that raises fails the open: never
+    except Exception:  # the open succeeded: noting it never fails it
         return
 
 
@@ -132,11 +176,26 @@ def _single_or_none() -> None:
 
 
 def _install() -> None:
-    global _installed
+    """Wrap the functions that open and move files, unless they are wrapped already."""
     with _install_lock:
-        if not _installed:
-            sys.addaudithook(_audit)
-            _installed = True
+        if _wrapped:
+            return
+        watched_open = _watch_open(io.open)  # builtins.open is io.open
+        for module, name, wrapper in (
+                (builtins, "open", watched_open), (io, "open", watched_open),
+                (os, "open", _watch_os_open(os.open)), (os, "rename", _watch_move(os.rename)),
+                (os, "replace", _watch_move(os.replace)), (os, "link", _watch_move(os.link))):
+            _wrapped.append((module, name, getattr(module, name), wrapper))
+            setattr(module, name, wrapper)
+
+
+def _uninstall() -> None:
+    """Put back each function wrapped, unless something else replaced the wrapper since."""
+    with _install_lock:
+        for module, name, original, wrapper in _wrapped:
+            if getattr(module, name) is wrapper:
+                setattr(module, name, original)
+        _wrapped.clear()
 
 
 class FileRecorder:
@@ -189,10 +248,15 @@ class FileRecorder:
         _single_or_none()
 
     def stop(self) -> None:
-        """Stop watching; what was recorded for tasks not done yet is dropped."""
+        """Stop watching; what was recorded for tasks not done yet is dropped.
+
+        The last recorder of the process to stop puts back the functions it wrapped.
+        """
         if _recorders.get(id(self.worker)) is self:
             del _recorders[id(self.worker)]
         _single_or_none()
+        if not _recorders:
+            _uninstall()
         self.by_task.clear()
         self._first.clear()
 

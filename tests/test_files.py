@@ -7,9 +7,14 @@ delay checks the seconds a task spends on its files.
 
 from __future__ import annotations
 
+import _io
+import builtins
+import io
 import os
+import pickle
 import sys
 import time
+from pathlib import Path
 
 import dask
 import dask.array as da
@@ -25,6 +30,7 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.data import cached_key_groups
 from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
+from crux_dask.plugins import files as watched
 from crux_dask.plugins.ingest import TASK_FILES, Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
 from crux_dask.plugins.spool import Spool
@@ -301,6 +307,54 @@ async def test_a_heartbeat_during_the_task_leaves_its_seconds_on_files_as_they_w
     (io,) = pag.moments.set_index("state_id")["io"].reindex(readers).dropna()
     assert 0 < io <= waited
     assert io < 0.25  # a 10-byte read, not the clock's move
+
+
+def write_three_ways(directory: str) -> list[str]:
+    """A file by ``open()``, one by ``os.open``, one by pathlib under a temporary name
+    then given its own (as zarr's stores write)."""
+    with open(os.path.join(directory, "a.bin"), "wb") as f:
+        f.write(b"a")
+    descriptor = os.open(os.path.join(directory, "b.bin"), os.O_WRONLY | os.O_CREAT)
+    os.write(descriptor, b"bb")
+    os.close(descriptor)
+    temporary = Path(directory, "c.partial")
+    temporary.write_bytes(b"ccc")
+    temporary.replace(Path(directory, "c.bin"))
+    return sorted(str(path) for path in Path(directory).iterdir())
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_what_opens_files_is_wrapped_while_a_worker_records_and_put_back_after(
+        c, s, a, tmp_path):
+    assert open is _io.open and os.open is os.__dict__["open"]
+    originals = [os.open, os.rename, os.replace, os.link]
+    await crux_dask.attach(c)
+    assert open is io.open is not _io.open  # one wrapper for both names, as before
+    wrapped = [open, os.open, os.rename, os.replace, os.link]
+    assert [pickle.loads(pickle.dumps(f)) for f in wrapped] == wrapped  # by name, as before
+    written = await c.submit(write_three_ways, str(tmp_path), key="writer")
+    with pytest.raises(FileNotFoundError), open(tmp_path / "missing.bin"):
+        pass  # a failure is the same, and nothing is noted
+    await crux_dask.flush(c)
+    pag = await crux_dask.get_pag(c)
+    files = file_states(pag, tmp_path)
+    assert dict(zip(files["key"], files["size"])) == {
+        path: os.path.getsize(path) for path in written}  # not c.partial
+    assert (files["origin"] == "writer").all()
+
+    await a.close()  # the process's last recorder
+    assert open is io.open is _io.open
+    assert [os.open, os.rename, os.replace, os.link] == originals
+
+
+def test_a_function_wrapped_again_by_someone_else_is_left_to_them():
+    watched._install()
+    theirs = builtins.open = lambda *args, **kwargs: None
+    try:
+        watched._uninstall()
+        assert builtins.open is theirs and io.open is _io.open
+    finally:
+        builtins.open = _io.open
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 2)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import time
 import uuid
@@ -148,8 +149,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
+        # The scheduler's transition count past which its log would let go of transitions
+        # not read yet (see :meth:`transition`).
+        self.read_by: float = math.inf
         if self.record_transitions:
             self.transitions.start(scheduler.transition_log)
+            self._read_every = (scheduler.transition_log.maxlen or math.inf) // 2
+            self.read_by = scheduler.transition_counter + self._read_every
             if scheduler.transition_log.maxlen == 0:
                 logger.warning("Crux cannot keep the scheduler's transitions: its log is "
                                "disabled (distributed.admin.low-level-log-length: 0)")
@@ -178,8 +184,10 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """Keep the transitions the scheduler logged since the last call (if
         ``crux-dask.capture.transitions``)."""
         if self.record_transitions:
+            scheduler = self.scheduler
+            self.read_by = scheduler.transition_counter + self._read_every
             try:
-                self.transitions.read(self.scheduler.transition_log)
+                self.transitions.read(scheduler.transition_log)
             except Exception as error:
                 self.ingest.failed("transitions", error)
 
@@ -221,6 +229,10 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # What only the scheduler knows of a task is recorded as it is sent; what its
         # worker knows, the worker reports (see crux_dask.plugins.tasks).
         try:
+            # Half the scheduler's log made since the last read: read it now, as one
+            # graph submitted can make more transitions at once than the log holds.
+            if self.scheduler.transition_counter >= self.read_by:
+                self.read_transitions()
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
                 entry: tuple = (SENT, key, time.time(), (freed_by, freed_on) if (

@@ -34,9 +34,10 @@ class TransitionLog:
 
     The scheduler logs each transition itself (``Scheduler.transition_log``, a
     deque of the newest ``distributed.admin.low-level-log-length``); :meth:`read`
-    takes what it logged since the last read, a batch at a time from a periodic
-    callback, where a hook called on every transition would cost the
-    scheduler more.  The worker a task finished on, which that log leaves out,
+    takes what it logged since the last read, a batch at a time: from a
+    periodic callback, and from the transition hook once half the log's length
+    was logged since (one graph submitted makes more transitions at once than
+    the default log of 1,000 holds).  The worker a task finished on, which that log leaves out,
     the transition hook notes (:meth:`finished`) as it records the task.
     Every :data:`CHUNK` transitions become columns, tuples of strings, keys
     and numbers: the garbage collector walks every list the scheduler's

@@ -147,6 +147,21 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
         zip(ours["key"], ours["start"], ours["finish"], ours["stimulus_id"]))
 
 
+@gen_cluster(client=True, config={"distributed.admin.low-level-log-length": 100})
+async def test_a_graph_that_makes_more_transitions_at_once_than_the_log_holds_loses_none(
+        c, s, a, b):
+    await crux_dask.attach(c)
+    plugin = s.plugins["crux"]
+    counted = s.transition_counter  # one a transition logged
+    futures = c.map(inc, range(300))  # submitted at once: 600 transitions and more
+    await c.gather(futures)
+    del futures
+    await async_poll_for(lambda: not s.tasks, timeout=5)
+    plugin.read_transitions()
+    assert len(plugin.transitions) == s.transition_counter - counted >= 300 * 4
+    assert plugin.transitions.overruns == 0
+
+
 def test_a_log_is_read_from_the_newest_entry_read_before():
     log = deque(maxlen=4)
     assert since(log, None) == ([], False)

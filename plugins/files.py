@@ -176,26 +176,26 @@ def _single_or_none() -> None:
 
 
 def _install() -> None:
-    """Wrap the functions that open and move files, unless they are wrapped already."""
-    with _install_lock:
-        if _wrapped:
-            return
-        watched_open = _watch_open(io.open)  # builtins.open is io.open
-        for module, name, wrapper in (
-                (builtins, "open", watched_open), (io, "open", watched_open),
-                (os, "open", _watch_os_open(os.open)), (os, "rename", _watch_move(os.rename)),
-                (os, "replace", _watch_move(os.replace)), (os, "link", _watch_move(os.link))):
-            _wrapped.append((module, name, getattr(module, name), wrapper))
-            setattr(module, name, wrapper)
+    """Wrap the functions that open and move files, unless they are wrapped already
+    (with ``_install_lock`` held)."""
+    if _wrapped:
+        return
+    watched_open = _watch_open(io.open)  # builtins.open is io.open
+    for module, name, wrapper in (
+            (builtins, "open", watched_open), (io, "open", watched_open),
+            (os, "open", _watch_os_open(os.open)), (os, "rename", _watch_move(os.rename)),
+            (os, "replace", _watch_move(os.replace)), (os, "link", _watch_move(os.link))):
+        _wrapped.append((module, name, getattr(module, name), wrapper))
+        setattr(module, name, wrapper)
 
 
 def _uninstall() -> None:
-    """Put back each function wrapped, unless something else replaced the wrapper since."""
-    with _install_lock:
-        for module, name, original, wrapper in _wrapped:
-            if getattr(module, name) is wrapper:
-                setattr(module, name, original)
-        _wrapped.clear()
+    """Put back each function wrapped, unless something else replaced the wrapper since
+    (with ``_install_lock`` held)."""
+    for module, name, original, wrapper in _wrapped:
+        if getattr(module, name) is wrapper:
+            setattr(module, name, original)
+    _wrapped.clear()
 
 
 class FileRecorder:
@@ -243,20 +243,22 @@ class FileRecorder:
     def start(self) -> None:
         """Watch the worker's tasks from now on (call it in the worker's event loop)."""
         self.loop_thread = threading.get_ident()
-        _install()
-        _recorders[id(self.worker)] = self
-        _single_or_none()
+        with _install_lock:  # workers of one process may start and stop in several threads
+            _install()
+            _recorders[id(self.worker)] = self
+            _single_or_none()
 
     def stop(self) -> None:
         """Stop watching; what was recorded for tasks not done yet is dropped.
 
         The last recorder of the process to stop puts back the functions it wrapped.
         """
-        if _recorders.get(id(self.worker)) is self:
-            del _recorders[id(self.worker)]
-        _single_or_none()
-        if not _recorders:
-            _uninstall()
+        with _install_lock:
+            if _recorders.get(id(self.worker)) is self:
+                del _recorders[id(self.worker)]
+            _single_or_none()
+            if not _recorders:
+                _uninstall()
         self.by_task.clear()
         self._first.clear()
 

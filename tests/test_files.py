@@ -348,10 +348,12 @@ async def test_what_opens_files_is_wrapped_while_a_worker_records_and_put_back_a
 
 
 def test_a_function_wrapped_again_by_someone_else_is_left_to_them():
-    watched._install()
+    with watched._install_lock:
+        watched._install()
     theirs = builtins.open = lambda *args, **kwargs: None
     try:
-        watched._uninstall()
+        with watched._install_lock:
+            watched._uninstall()
         assert builtins.open is theirs and io.open is _io.open
     finally:
         builtins.open = _io.open

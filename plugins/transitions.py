@@ -37,8 +37,9 @@ class TransitionLog:
     takes what it logged since the last read, a batch at a time: from a
     periodic callback, and from the transition hook once half the log's length
     was logged since (one graph submitted makes more transitions at once than
-    the default log of 1,000 holds).  The worker a task finished on, which that log leaves out,
-    the transition hook notes (:meth:`finished`) as it records the task.
+    the default log of 1,000 holds).  The worker a task finished on, which that
+    log leaves out, the transition hook notes (:meth:`finished`) as it records
+    the task.
     Every :data:`CHUNK` transitions become columns, tuples of strings, keys
     and numbers: the garbage collector walks every list the scheduler's
     process holds, element by element, at each full collection (a million

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import pickle
 import time
+import weakref
 from collections import deque
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_a_task_that_left_processing_for_a_lost_worker_then_finished_has_one_wor
     log.read(logged)
     for frame in (log.frame(), transitions_frame(log.in_chunks())):
         assert frame["location"].tolist() == [None, None, None, "tcp://w1"]
-    log._to_columns()  # made into a chunk: the worker is taken along
+    log._to_chunk()  # made into a chunk: the worker is taken along
     assert log.frame()["location"].tolist() == [None, None, None, "tcp://w1"]
     assert not log.finished_on
 
@@ -103,6 +104,26 @@ def test_nothing_kept_is_a_long_list_or_a_tuple_for_the_collector_to_walk():
     gc.collect()  # the collector stops tracking what holds no container the first time
     assert not any(gc.is_tracked(column) for chunk in log.chunks for column in chunk)
     assert len(log) == 100_000
+
+
+def test_an_entry_the_scheduler_lets_go_of_is_freed_then_not_held():
+    """Held for a chunk, the scheduler's entries were freed thousands at once, long
+    after: the collector ran more often, and collected everything more often."""
+
+    class Recommendations(dict):  # as the scheduler logs them, and weakly referable
+        pass
+
+    held = []
+    log, logged = TransitionLog(1_000_000), deque(maxlen=100)
+    log.start(logged)
+    for i in range(1000):
+        recommendations = Recommendations()
+        held.append(weakref.ref(recommendations))
+        logged.append(Transition(("x", i), "waiting", "processing", recommendations, "s", 0.0))
+        if i % 50 == 49:  # read every half the log's length, as the hook does
+            log.read(logged)
+    assert sum(ref() is not None for ref in held) == len(logged) == 100
+    assert len(log) == 1000
 
 
 def test_only_what_the_scheduler_logged_since_the_last_read_is_taken():

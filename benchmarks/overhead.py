@@ -30,7 +30,10 @@ graph, and the fork server it is forked from.  It prints the medians over the
 rounds and their ratios to ``none``, the same ratios for the least CPU any
 round took (what a configuration costs at least: CPU time grows when other
 processes share the cores), and the ratio of each round to the ``none`` run of
-the same round.
+the same round.  It also counts the garbage collections the scheduler and
+the workers made meanwhile (young and full, and the CPU seconds they took):
+counts that vary little from round to round, where CPU seconds vary by a few
+per cent.
 
 Target: Crux costs at most +2 % of the scheduler's CPU and +2 % of the
 workers' CPU over ``none``.
@@ -161,6 +164,41 @@ def noop() -> None:
     return None
 
 
+def count_collections(dask_scheduler: Any = None, dask_worker: Any = None) -> None:
+    """Count this process's garbage collections from now on: how many of each
+    generation, and the CPU seconds they took (see :func:`collections_so_far`)."""
+    import gc
+    import time
+
+    if any(getattr(callback, "counts", None) is not None for callback in gc.callbacks):
+        return
+    counts = {"young": 0, "middle": 0, "full": 0, "seconds": 0.0}
+    started = [0.0]
+    names = ("young", "middle", "full")
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            counts[names[info["generation"]]] += 1
+            counts["seconds"] += time.thread_time() - started[0]
+
+    note.counts = counts  # type: ignore[attr-defined]
+    gc.callbacks.append(note)
+
+
+def collections_so_far(dask_scheduler: Any = None, dask_worker: Any = None
+                       ) -> dict[str, float]:
+    """The counts of :func:`count_collections` in this process."""
+    import gc
+
+    for callback in gc.callbacks:
+        counts = getattr(callback, "counts", None)
+        if counts is not None:
+            return dict(counts)
+    return {}
+
+
 #: Run at start-up of the ``crux-other`` processes: forget the finder of an
 #: editable install of crux_dask, so that the other version is imported.
 _DROP_EDITABLE_FINDER = """import sys
@@ -242,6 +280,8 @@ class Cluster:
             raise RuntimeError("the processes measured are not the cluster's")
         self.scheduler_process = psutil.Process(pid)
         self.worker_processes = [psutil.Process(p) for p in worker_pids]
+        self.client.run_on_scheduler(count_collections)
+        self.client.run(count_collections)
 
     def cpu(self) -> tuple[float, float, float]:
         """CPU seconds (user + system) so far: the scheduler's, all workers' together, and
@@ -258,6 +298,14 @@ class Cluster:
         return (seconds(self.scheduler_process),
                 sum(seconds(p) for p in self.worker_processes),
                 sum(seconds(p) for p in helpers))
+
+    def collections(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The garbage collections so far: the scheduler's, and all workers' together."""
+        workers: dict[str, float] = {}
+        for counts in self.client.run(collections_so_far).values():
+            for name, value in counts.items():
+                workers[name] = workers.get(name, 0) + value
+        return self.client.run_on_scheduler(collections_so_far), workers
 
     def settle(self) -> None:
         """Wait until the scheduler holds no task and every event Crux recorded is applied.
@@ -282,14 +330,20 @@ class Cluster:
     def measure(self, work: Callable[[Client], None]) -> dict[str, float]:
         """Wall time and CPU seconds of the scheduler and of the workers for ``work``."""
         self.settle()
+        collected = self.collections()
         before = self.cpu()
         started = time.perf_counter()
         work(self.client)
         wall = time.perf_counter() - started
         self.settle()
         after = self.cpu()
-        return {"wall": wall, "scheduler": after[0] - before[0],
-                "workers": after[1] - before[1], "helpers": after[2] - before[2]}
+        result = {"wall": wall, "scheduler": after[0] - before[0],
+                  "workers": after[1] - before[1], "helpers": after[2] - before[2]}
+        for process, (old, new) in zip(("scheduler", "workers"),
+                                       zip(collected, self.collections(), strict=True),
+                                       strict=True):
+            result.update({f"{process} {name}": new[name] - old[name] for name in new})
+        return result
 
     def crux_stats(self) -> dict[str, Any]:
         import crux_dask
@@ -408,6 +462,11 @@ def check_crux(stats: dict[str, Any]) -> None:
         raise RuntimeError(f"Crux reported problems: {problems}")
 
 
+def median_of(rounds: list[dict[str, float]], measure: str) -> float:
+    """The median of ``measure`` over ``rounds`` (0 where it was not measured)."""
+    return statistics.median(r.get(measure, 0) for r in rounds)
+
+
 def report(args: argparse.Namespace, results: dict) -> None:
     """Medians per workload and configuration, and their ratios to ``none``."""
     chosen = workloads(args)
@@ -437,6 +496,12 @@ def report(args: argparse.Namespace, results: dict) -> None:
         print("  least CPU of any round, / none: " + "; ".join(
             f"{c} scheduler {m['scheduler'] / low['scheduler']:.3f} workers "
             f"{m['workers'] / low['workers']:.3f}" for c, m in minima.items() if c != "none"))
+        print("  garbage collections, medians (young, full; CPU s in all): " + "; ".join(
+            f"{c} " + ", ".join(
+                f"{process} {median_of(results[name][c], f'{process} young'):.0f}, "
+                f"{median_of(results[name][c], f'{process} full'):.0f}; "
+                f"{median_of(results[name][c], f'{process} seconds'):.3f} s"
+                for process in ("scheduler", "workers")) for c in medians))
         rounds = {c: [(r["scheduler"] / b["scheduler"], r["workers"] / b["workers"])
                       for r, b in zip(results[name][c], results[name]["none"], strict=True)]
                   for c in medians if c != "none"}

@@ -48,12 +48,10 @@ class TransitionLog:
     values the first time it meets it (and a key that is a tuple of them).
     Made with ``zip``, without a step per value.  No entry of the scheduler's
     log is held: each is freed as the log lets go of it, one at a time, as
-    without Crux.  Entries held for a chunk lived long enough to reach the
-    collector's oldest generation, and were freed thousands at once, which
-    the collector's count of young objects does not take off (it stops at
-    zero): the scheduler collected garbage 30 % more often, and made a full
-    collection (about 70 ms on a 9,000-task graph) once more every 25,000
-    transitions.
+    without Crux.  Entries held for a chunk were freed thousands at once,
+    which the collector's count of young objects does not take off (it stops
+    at zero): on 9,000 tiny tasks the scheduler made 190 young collections
+    instead of 134 without Crux (142 now).
 
     Parameters
     ----------

@@ -264,7 +264,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if finish == "memory":
             metadata = kwargs.get("metadata")
             if metadata and REPORTED in metadata:  # its worker reports the rest
-                self._unmark(key)
                 return (DONE, key, worker, time.time(), kwargs.get("nbytes") or 0)
         else:
             self.erred[key_string(key)] = {
@@ -279,17 +278,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 ts.prefix.name, ts.group.name,
                 ts.annotations.get("crux") if ts.annotations else None, ts.priority,
                 kwargs.get("metadata"))
-
-    def _unmark(self, key: Any) -> None:
-        """Take the worker's mark out of the task's metadata, which the scheduler keeps:
-        nobody else reads it, and a dict made for it alone would live as long as the
-        task (one more for the garbage collector to walk at every full collection)."""
-        ts = self.scheduler.tasks.get(key)
-        metadata = ts.metadata if ts is not None else None
-        if metadata is not None:
-            metadata.pop(REPORTED, None)
-            if not metadata:
-                ts.metadata = None
 
     # -- what the client API and the dashboard use --------------------------------
     @property

@@ -12,7 +12,7 @@ import inspect
 import time
 
 import pytest
-from distributed import Client, Worker, WorkerPlugin, wait
+from distributed import Client, Worker, wait
 from distributed.utils_test import gen_cluster, inc
 
 import crux_dask
@@ -59,32 +59,6 @@ async def test_gather_honours_the_clients_serializers(c, s, a, b, direct):
         stats = await crux_dask.get_stats(reader)
     assert stats["hook_errors"] == 0
     assert all(w["hook_errors"] == 0 for w in stats["workers"].values())
-
-
-class OtherMetadata(WorkerPlugin):
-    """Another plugin's metadata of the tasks, sent to the scheduler as Crux's mark is."""
-
-    def setup(self, worker: Worker) -> None:
-        self.worker = worker
-
-    def transition(self, key, start, finish, **kwargs) -> None:
-        if finish == "executing" and str(key).startswith("other-"):
-            self.worker.state.tasks[key].metadata["other"] = 1
-
-
-@gen_cluster(client=True)
-async def test_the_schedulers_tasks_keep_no_mark_of_crux_and_the_metadata_of_others(c, s, a, b):
-    await crux_dask.attach(c)
-    await c.register_plugin(OtherMetadata(), name="other")
-    plain = c.map(inc, range(10), key=[f"plain-{i}" for i in range(10)])
-    other = c.map(inc, range(10), key=[f"other-{i}" for i in range(10)])
-    await wait(plain + other)
-    assert all(s.tasks[f.key].metadata is None for f in plain)
-    assert all(s.tasks[f.key].metadata == {"other": 1} for f in other)
-    pag = await crux_dask.get_pag(c)  # reported by their workers all the same
-    assert {f"plain-{i}" for i in range(10)} <= set(pag.mutations["key"])
-    stats = await crux_dask.get_stats(c)
-    assert sum(w["events_sent"] for w in stats["workers"].values()) >= 20
 
 
 @gen_cluster(client=True)

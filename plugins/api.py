@@ -268,7 +268,6 @@ async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
     spooled = await plugin.spooled_pieces()
-    plugin.read_transitions()
     kept, stats, scopes = plugin.transitions.kept(), plugin.stats(), plugin.scopes()
     return await _stage(plugin, spooled, lambda end: (
         (end, stats, scopes), plugin.transitions.in_chunks(kept)))

@@ -1,8 +1,8 @@
 """Reading distributed's own logs: what they hold since the last look.
 
-distributed keeps capped deques of recent happenings (the scheduler's
-``transition_log``, a worker's ``transfer_outgoing_log``); Crux reads them
-instead of hooking each happening.  Only the standard library: workers load
+distributed keeps capped deques of recent happenings (a worker's
+``transfer_outgoing_log`` of the data it sent); Crux reads them instead of
+wrapping what logs them.  Only the standard library: workers load
 this module.
 """
 

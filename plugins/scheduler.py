@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import multiprocessing
 import time
 import uuid
@@ -149,16 +148,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
         self.transitions = TransitionLog(self.max_transitions)
-        # The scheduler's transition count past which its log would let go of transitions
-        # not read yet (see :meth:`transition`).
-        self.read_by: float = math.inf
-        if self.record_transitions:
-            self.transitions.start(scheduler.transition_log)
-            self._read_every = (scheduler.transition_log.maxlen or math.inf) // 2
-            self.read_by = scheduler.transition_counter + self._read_every
-            if scheduler.transition_log.maxlen == 0:
-                logger.warning("Crux cannot keep the scheduler's transitions: its log is "
-                               "disabled (distributed.admin.low-level-log-length: 0)")
         self.attached_at = time.time()
         self.tasks_at_attach = len(scheduler.tasks)
         if self.tasks_at_attach:
@@ -170,26 +159,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         from crux_dask.dashboard import install
 
         self.dashboard = install(scheduler, self)
-        self._callback = PeriodicCallback(self._tick, self.apply_interval * 1000)
+        self._callback = PeriodicCallback(self.ingest.tick, self.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()
-
-    def _tick(self) -> None:
-        """The periodic callback: read the scheduler's new transitions, send or apply
-        what was recorded."""
-        self.read_transitions()
-        self.ingest.tick()
-
-    def read_transitions(self) -> None:
-        """Keep the transitions the scheduler logged since the last call (if
-        ``crux-dask.capture.transitions``)."""
-        if self.record_transitions:
-            scheduler = self.scheduler
-            self.read_by = scheduler.transition_counter + self._read_every
-            try:
-                self.transitions.read(scheduler.transition_log)
-            except Exception as error:
-                self.ingest.failed("transitions", error)
 
     async def close(self) -> None:
         callback = getattr(self, "_callback", None)
@@ -229,10 +201,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # What only the scheduler knows of a task is recorded as it is sent; what its
         # worker knows, the worker reports (see crux_dask.plugins.tasks).
         try:
-            # Half the scheduler's log made since the last read: read it now, as one
-            # graph submitted can make more transitions at once than the log holds.
-            if self.scheduler.transition_counter >= self.read_by:
-                self.read_transitions()
+            if self.record_transitions:  # for the export
+                self.transitions.record(key, start, finish, stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
                 entry: tuple = (SENT, key, time.time(), (freed_by, freed_on) if (
@@ -260,7 +230,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         it did, if its worker reports the rest, else the whole task."""
         self.last_finished = (stimulus_id, key, worker)
         if self.record_transitions:
-            self.transitions.finished(key, worker)
+            self.transitions.finished(worker)
         if finish == "memory":
             metadata = kwargs.get("metadata")
             if metadata and REPORTED in metadata:  # its worker reports the rest
@@ -484,7 +454,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions.dropped,
-            "transition_log_overruns": self.transitions.overruns,
             "run_id": builder.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from time import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crux_dask.plugins.logs import since
 from crux_dask.plugins.protocol import key_string
 
 # pandas is imported where frames are made: a scheduler loads this module as it
@@ -23,35 +22,33 @@ CHUNK = 4096
 #: positions of those that finished a task (out of processing, in memory or erred), and
 #: the worker of each.
 FIELDS = 7
-_FINISHED = frozenset({"memory", "erred"})
-#: Finished tasks noted whose transition was not read, past which they are let go
-#: after the scheduler's log let go of transitions before they were read.
-_MOST_FINISHED = 100_000
+#: Values of each transition in the newest rows: the five columns, and its worker.
+_WIDTH = 6
 
 
 class TransitionLog:
     """Scheduler transitions, the newest ``capacity`` of them (give or take a chunk).
 
-    The scheduler logs each transition itself (``Scheduler.transition_log``, a
-    deque of the newest ``distributed.admin.low-level-log-length``); :meth:`read`
-    takes what it logged since the last read, a batch at a time: from a
-    periodic callback, and from the transition hook once half the log's length
-    was logged since (one graph submitted makes more transitions at once than
-    the default log of 1,000 holds).  The worker a task finished on, which that
-    log leaves out, the transition hook notes (:meth:`finished`) as it records
-    the task.
-    Each read copies the fields kept into columns, lists that every
-    :data:`CHUNK` transitions become tuples of strings, keys and numbers: the
-    garbage collector walks every list the scheduler's process holds, element
-    by element, at each full collection (a million strings in lists add about
-    40 ms to each here), but it stops tracking a tuple that holds only such
-    values the first time it meets it (and a key that is a tuple of them).
-    Made with ``zip``, without a step per value.  No entry of the scheduler's
-    log is held: each is freed as the log lets go of it, one at a time, as
-    without Crux.  Entries held for a chunk were freed thousands at once,
-    which the collector's count of young objects does not take off (it stops
-    at zero): on 9,000 tiny tasks the scheduler made 190 young collections
-    instead of 134 without Crux (142 now).
+    The scheduler's transition hook records each as it is called
+    (:meth:`record`): the task, where it went from and to, the stimulus and
+    the time; and, for a transition that finished a task, the worker it
+    finished on (:meth:`finished`), which distributed's own log
+    (``Scheduler.transition_log``) leaves out.  Every transition is kept, however
+    short that log is (``distributed.admin.low-level-log-length``).
+
+    A transition is six values added to the end of one list, in one call that
+    leaves no object the garbage collector tracks (the tuple of the six is
+    freed as soon as it is copied); every :data:`CHUNK` transitions, the list becomes
+    columns, tuples of strings, keys and numbers: the collector walks every
+    list the process holds, element by element, at each full collection (a
+    million strings in lists add about 40 ms to each here), but it stops
+    tracking a tuple that holds only such values the first time it meets it
+    (and a key that is a tuple of them).  Before, the hook's transitions were
+    read from distributed's log every ``apply-interval``: copying a field of an
+    entry logged a fraction of a second before costs a miss of the processor's
+    cache, several times what the hook spends while the values are at hand,
+    and ``zip(*entries)`` made an iterator per entry, a young collection every
+    700 of them.
 
     Parameters
     ----------
@@ -62,84 +59,58 @@ class TransitionLog:
     ----------
     dropped : int
         Transitions dropped to stay within ``capacity``.
-    overruns : int
-        Reads that found the scheduler's log had let go of transitions not
-        read yet (more than its length between two reads).
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.chunk = max(1, min(CHUNK, capacity // 4))
         self.dropped = 0
-        self.overruns = 0
-        # The newest transitions: key, start, finish, stimulus and time columns.
-        self.columns: tuple[list, ...] = _new_columns()
+        # The newest transitions, _WIDTH values each: key, start, finish, stimulus,
+        # time, and the worker it finished a task on (or None).
+        self.rows: list = []
         # Each: FIELDS columns of CHUNK transitions.
         self.chunks: list[tuple[tuple, ...]] = []
-        # Tasks that finished, not in a chunk yet: key -> the worker they finished on.
-        self.finished_on: dict[Any, str | None] = {}
-        self._seen: Any = None  # the newest entry of the scheduler's log read
 
     def __len__(self) -> int:
-        return len(self.chunks) * self.chunk + len(self.columns[0])
+        return len(self.chunks) * self.chunk + len(self.rows) // _WIDTH
 
-    def start(self, log: Sequence[Any]) -> None:
-        """Read from now on: what ``log`` holds already is not this run's."""
-        self._seen = log[-1] if log else None
+    def record(self, key: Any, start: str, finish: str, stimulus: str | None) -> None:
+        """The task ``key`` went from ``start`` to ``finish`` now, for ``stimulus``."""
+        rows = self.rows
+        if len(rows) >= self.chunk * _WIDTH:  # full: a chunk, before the next row
+            self._to_chunk()
+            rows = self.rows
+        rows += (key, start, finish, stimulus, time(), None)
 
-    def finished(self, key: Any, worker: str | None) -> None:
-        """The task ``key`` finished (in memory or erred) on ``worker``, now."""
-        self.finished_on[key] = worker
-
-    def read(self, log: Sequence[Any]) -> None:
-        """Take the transitions the scheduler logged in ``log`` since the last read.
-
-        Searched from the newest for the newest entry read before: if it is
-        gone, the log let go of transitions before they were read
-        (:attr:`overruns`).
-        """
-        fresh, lost = since(log, self._seen)
-        if not fresh:
-            return
-        self._seen = fresh[-1]
-        if lost:
-            self.overruns += 1
-            if len(self.finished_on) > _MOST_FINISHED:  # their transitions were missed
-                self.finished_on.clear()
-        taken = 0
-        while taken < len(fresh):
-            columns = self.columns
-            room = self.chunk - len(columns[0])
-            keys, starts, finishes, _, stimuli, times = zip(*fresh[taken:taken + room])
-            for column, values in zip(columns, (keys, starts, finishes, stimuli, times)):
-                column += values
-            taken += len(keys)
-            if len(columns[0]) == self.chunk:
-                self._to_chunk()
+    def finished(self, worker: str | None) -> None:
+        """The transition recorded last finished its task (in memory or erred) on
+        ``worker``."""
+        if self.rows:
+            self.rows[-1] = worker
 
     def _to_chunk(self) -> None:
-        # New columns, not the old ones emptied: a thread may be reading them
-        # (see :meth:`kept`); the list of chunks is copied there.
-        self.chunks.append(_chunk(self.columns, len(self.columns[0]), self.finished_on,
-                                  taken=True))
-        self.columns = _new_columns()
+        # A new list, not the old one emptied: a thread may be reading it (see
+        # :meth:`kept`); the list of chunks is copied there.
+        self.chunks.append(_chunk(self.rows, len(self.rows) // _WIDTH))
+        self.rows = []
         excess = len(self) - self.capacity
         if excess >= self.chunk:
             drop = excess // self.chunk
             del self.chunks[:drop]
             self.dropped += drop * self.chunk
 
-    def kept(self) -> tuple[list, tuple[list, ...], int]:
+    def kept(self) -> tuple[list, list, int]:
         """The transitions as they are now: what :meth:`frame` reads.
 
-        Chunks are never changed, and the columns only grow at their end until
-        they become a chunk (new columns follow): a thread can make the frame
-        of what was kept when this was called while transitions go on being
+        Chunks are never changed, and the newest rows only grow at their end
+        (the worker of the last one is set in the same call of the hook) until
+        they become a chunk (a new list follows): a thread can make the frame of
+        what was kept when this was called while transitions go on being
         recorded.
         """
-        return list(self.chunks), self.columns, len(self.columns[0])
+        return list(self.chunks), self.rows, len(self.rows) // _WIDTH
 
-    def in_chunks(self, kept: tuple[list, tuple[list, ...], int] | None = None
+    def in_chunks(self, kept: tuple[list, list, int] | None = None
                   ) -> list[tuple[tuple, ...]]:
         """The transitions kept (by default now, else when :meth:`kept` was called) as
         chunks of columns, oldest first: what :func:`transitions_frame` reads.
@@ -148,12 +119,10 @@ class TransitionLog:
         transitions pickled at once hold it (and a server's event loop) for as
         long as pickling each of their five million strings takes.
         """
-        chunks, columns, n = kept or self.kept()
-        return ([*chunks, _chunk(columns, n, self.finished_on, taken=False)] if n or not chunks
-                else list(chunks))
+        chunks, rows, n = kept or self.kept()
+        return [*chunks, _chunk(rows, n)] if n or not chunks else list(chunks)
 
-    def frame(self, kept: tuple[list, tuple[list, ...], int] | None = None
-              ) -> pd.DataFrame:
+    def frame(self, kept: tuple[list, list, int] | None = None) -> pd.DataFrame:
         """:func:`transitions_frame` of the transitions kept (by default now, else when
         :meth:`kept` was called)."""
         return transitions_frame(self.in_chunks(kept))
@@ -192,20 +161,14 @@ def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
     })
 
 
-def _new_columns() -> tuple[list, ...]:
-    return [], [], [], [], []
-
-
-def _chunk(columns: tuple[list, ...], n: int, finished_on: dict[Any, str | None], taken: bool
-           ) -> tuple[tuple, ...]:
-    """The first ``n`` transitions of ``columns`` as a chunk of
-    :meth:`TransitionLog.in_chunks`; the positions of the tasks that finished,
-    and the worker of each, from ``finished_on`` (taken out of it if ``taken``).
-    A transition out of processing that finished nothing (its worker left)
-    takes no worker: the task's next finish may be noted already."""
-    keys, starts, finishes, stimuli, times = (tuple(column[:n]) for column in columns)
-    finished = tuple([i for i, start in enumerate(starts)
-                      if start == "processing" and finishes[i] in _FINISHED])
-    find = finished_on.pop if taken else finished_on.get
+def _chunk(rows: list, n: int) -> tuple[tuple, ...]:
+    """The first ``n`` transitions of ``rows`` as a chunk of
+    :meth:`TransitionLog.in_chunks`: five columns, the positions of the
+    transitions that finished a task, and the worker of each."""
+    end = n * _WIDTH
+    keys, starts, finishes, stimuli, times = (tuple(rows[field:end:_WIDTH])
+                                              for field in range(_WIDTH - 1))
+    workers = rows[_WIDTH - 1:end:_WIDTH]
+    finished = tuple([i for i, worker in enumerate(workers) if worker is not None])
     return keys, starts, finishes, stimuli, times, finished, tuple(
-        [find(keys[i], None) for i in finished])
+        [workers[i] for i in finished])

@@ -5,32 +5,21 @@ from __future__ import annotations
 
 import gc
 import pickle
-import time
-import weakref
 from collections import deque
 
 import numpy as np
-from distributed.scheduler import Transition
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
 from crux_dask.plugins.logs import since
 from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog, transitions_frame
 
-#: The scheduler's own log, as long as distributed's default.
-LOGGED = deque(maxlen=100_000)
 
-
-def record(log: TransitionLog, n: int, first: int = 0, logged: deque = LOGGED) -> None:
-    """``n`` tasks finish, as the scheduler logs them and the hook notes their workers;
-    then ``log`` reads what the scheduler logged."""
-    if first == 0:
-        logged.clear()
-        log.start(logged)
+def record(log: TransitionLog, n: int, first: int = 0) -> None:
+    """``n`` tasks finish, as the scheduler's hook records them."""
     for i in range(first, first + n):
-        log.finished(("x", i), f"tcp://w{i % 2}")
-        logged.append(Transition(("x", i), "processing", "memory", {}, f"s-{i}", time.time()))
-    log.read(logged)
+        log.record(("x", i), "processing", "memory", f"s-{i}")
+        log.finished(f"tcp://w{i % 2}")
 
 
 def test_every_transition_in_order_with_tuple_keys_whole():
@@ -47,20 +36,29 @@ def test_every_transition_in_order_with_tuple_keys_whole():
 
 def test_a_task_that_left_processing_for_a_lost_worker_then_finished_has_one_worker():
     """Out of processing twice (its worker died, then it finished elsewhere): only the
-    transition that finished it names a worker, also within one chunk."""
-    log, logged = TransitionLog(100_000), deque(maxlen=100)
-    log.start(logged)
-    logged.append(Transition("t", "processing", "released", {}, "worker-gone", 1.0))
-    logged.append(Transition("t", "released", "waiting", {}, "worker-gone", 1.0))
-    logged.append(Transition("t", "waiting", "processing", {}, "worker-gone", 1.0))
-    log.finished("t", "tcp://w1")
-    logged.append(Transition("t", "processing", "memory", {}, "task-finished", 2.0))
-    log.read(logged)
+    transition that finished it names a worker, in the newest rows and in a chunk."""
+    log = TransitionLog(100_000)
+    log.record("t", "processing", "released", "worker-gone")
+    log.record("t", "released", "waiting", "worker-gone")
+    log.record("t", "waiting", "processing", "worker-gone")
+    log.record("t", "processing", "memory", "task-finished")
+    log.finished("tcp://w1")
     for frame in (log.frame(), transitions_frame(log.in_chunks())):
         assert frame["location"].tolist() == [None, None, None, "tcp://w1"]
     log._to_chunk()  # made into a chunk: the worker is taken along
     assert log.frame()["location"].tolist() == [None, None, None, "tcp://w1"]
-    assert not log.finished_on
+
+
+def test_the_transition_that_fills_a_chunk_keeps_its_worker():
+    """The hook names the worker after recording the transition: the rows become a chunk
+    only when the next transition comes."""
+    log = TransitionLog(100_000)
+    log.chunk = 4
+    record(log, 9)
+    assert len(log.chunks) == 2 and len(log) == 9
+    frame = log.frame()
+    assert frame["location"].tolist() == [f"tcp://w{i % 2}" for i in range(9)]
+    assert frame["key"].tolist() == [str(("x", i)) for i in range(9)]
 
 
 def test_the_transitions_travel_in_chunks_pickled_apart():
@@ -106,42 +104,6 @@ def test_nothing_kept_is_a_long_list_or_a_tuple_for_the_collector_to_walk():
     assert len(log) == 100_000
 
 
-def test_an_entry_the_scheduler_lets_go_of_is_freed_then_not_held():
-    """Held for a chunk, the scheduler's entries were freed thousands at once, long
-    after: the collector ran more often, and collected everything more often."""
-
-    class Recommendations(dict):  # as the scheduler logs them, and weakly referable
-        pass
-
-    held = []
-    log, logged = TransitionLog(1_000_000), deque(maxlen=100)
-    log.start(logged)
-    for i in range(1000):
-        recommendations = Recommendations()
-        held.append(weakref.ref(recommendations))
-        logged.append(Transition(("x", i), "waiting", "processing", recommendations, "s", 0.0))
-        if i % 50 == 49:  # read every half the log's length, as the hook does
-            log.read(logged)
-    assert sum(ref() is not None for ref in held) == len(logged) == 100
-    assert len(log) == 1000
-
-
-def test_only_what_the_scheduler_logged_since_the_last_read_is_taken():
-    log, logged = TransitionLog(1_000_000), deque(maxlen=50)
-    logged.extend(Transition(("old", i), "released", "waiting", {}, "s", 0.0) for i in range(5))
-    log.start(logged)  # logged before: not this run's
-    log.read(logged)
-    assert len(log) == 0
-    record(log, 30, first=1, logged=logged)
-    log.read(logged)  # nothing new
-    assert log.frame()["key"].tolist() == [str(("x", i)) for i in range(1, 31)]
-    assert log.overruns == 0
-    record(log, 80, first=31, logged=logged)  # more than the scheduler's log holds
-    frame = log.frame()
-    assert log.overruns == 1 and len(frame) == 30 + 50
-    assert frame["key"].iloc[-1] == str(("x", 110)) and frame["location"].iloc[-1] == "tcp://w0"
-
-
 def test_an_empty_log_makes_an_empty_frame_of_the_columns():
     frame = TransitionLog(10).frame()
     assert list(frame.columns) == ["key", "start", "finish", "time", "location", "stimulus_id"]
@@ -158,7 +120,6 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
     await c.gather(futures)
     del futures
     await async_poll_for(lambda: not s.tasks, timeout=5)  # released and forgotten too
-    plugin.read_transitions()
     ours = plugin.transitions.frame()
     finished = ours[(ours["start"] == "processing") & (ours["finish"] == "memory")]
     assert len(finished) == 40 and finished["location"].isin([a.address, b.address]).all()
@@ -168,19 +129,21 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
         zip(ours["key"], ours["start"], ours["finish"], ours["stimulus_id"]))
 
 
-@gen_cluster(client=True, config={"distributed.admin.low-level-log-length": 100})
-async def test_a_graph_that_makes_more_transitions_at_once_than_the_log_holds_loses_none(
-        c, s, a, b):
+@gen_cluster(client=True, config={"distributed.admin.low-level-log-length": 0})
+async def test_every_transition_is_kept_though_the_schedulers_own_log_keeps_none(c, s, a, b):
     await crux_dask.attach(c)
     plugin = s.plugins["crux"]
-    counted = s.transition_counter  # one a transition logged
+    counted = s.transition_counter
     futures = c.map(inc, range(300))  # submitted at once: 600 transitions and more
     await c.gather(futures)
     del futures
     await async_poll_for(lambda: not s.tasks, timeout=5)
-    plugin.read_transitions()
-    assert len(plugin.transitions) == s.transition_counter - counted >= 300 * 4
-    assert plugin.transitions.overruns == 0
+    assert not s.transition_log
+    frame = plugin.transitions.frame()
+    assert len(frame) == s.transition_counter - counted >= 300 * 4
+    assert frame.groupby("key")["finish"].last().eq("forgotten").all()
+    finished = frame[frame["location"].notna()]
+    assert len(finished) == 300 and (finished["finish"] == "memory").all()
 
 
 def test_a_log_is_read_from_the_newest_entry_read_before():

@@ -17,7 +17,15 @@ Crux's graph process, on another core, takes from the machine.  Time spent
 without the lock (in system calls, waiting) is not sampled: the shares are
 of the time the process ran Python.
 
-Usage: ``python benchmarks/own_share.py [--tasks N] [--rate HZ]``
+A share is a ratio of samples of the same process and run, so it hardly
+moves with how fast the machine runs that minute, where CPU seconds measured
+side by side vary by several per cent from round to round.
+``--compare-with DIR`` measures the Crux in ``DIR`` (an importable ``crux_dask``
+package, as ``overhead.py`` takes it) too, ``--repeats`` times, interleaved with
+this one, and prints the medians of both.
+
+Usage: ``python benchmarks/own_share.py [--tasks N] [--rate HZ] [--repeats N]
+[--compare-with DIR]``
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import argparse
 import collections
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,12 +53,16 @@ cloudpickle.register_pickle_by_value(overhead)
 SHOWN = 5
 
 
-def own_directories(config: str) -> list[str]:
-    """Where the code of ``config`` is: Crux's packages, or Dask's task stream module."""
+def own_directories(config: str, other: Path | None = None) -> list[str]:
+    """Where the code of ``config`` is: Crux's packages (those in ``other`` for
+    ``crux-other``), or Dask's task stream module."""
     if config == "task-stream":
         from distributed.diagnostics import task_stream
 
         return [task_stream.__file__]
+    if config == "crux-other":
+        package = Path(other, "crux_dask").resolve()
+        return [f"{package}/", f"{package}/plugins/", f"{package}/dashboard/"]
     import crux_dask
     import crux_dask.dashboard
     import crux_dask.plugins
@@ -78,11 +91,15 @@ def read_samples(path: Path, own: list[str]) -> tuple[int, int, collections.Coun
     return total, mine, where
 
 
-def measure(config: str, tasks: int, rate: int, py_spy: str) -> None:
-    own = own_directories(config)
+def measure(config: str, tasks: int, rate: int, py_spy: str, other: Path | None = None
+            ) -> dict[str, float]:
+    """Run the tiny tasks on a cluster of ``config``, sampled; print each process's
+    share and where it went, and return the shares (per cent) by process."""
+    own = own_directories(config, other)
+    shares = {}
     with tempfile.TemporaryDirectory() as directory:
         workdir = Path(directory)
-        cluster = overhead.Cluster(config, workdir)
+        cluster = overhead.Cluster(config, workdir, other=other)
         try:
             cluster.settle()
             overhead.run_tiny(cluster.client, tasks // 4)  # warm: imports, first connections
@@ -103,26 +120,46 @@ def measure(config: str, tasks: int, rate: int, py_spy: str) -> None:
                 sampler.wait(timeout=60)
             for name, pid in processes.items():
                 total, mine, where = read_samples(workdir / f"{pid}.txt", own)
+                shares[name] = 100 * mine / max(total, 1)
                 print(f"  {config:<12} {name:<9} {mine:5d} of {total:6d} samples = "
                       f"{100 * mine / max(total, 1):5.2f} %")
                 for function, count in where.most_common(SHOWN):
                     print(f"      {count:5d}  {function}")
         finally:
             cluster.close()
+    return shares
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=9000)
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--compare-with", type=Path, default=None, metavar="DIR",
+                        help="another version of Crux: an importable crux_dask in DIR")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy is None:
         raise SystemExit("this needs py-spy: pip install py-spy")
     print(f"{args.tasks:,} tiny tasks, 2 worker processes of one thread; samples of the thread "
           f"holding the interpreter's lock, {args.rate} a second:")
-    for config in ("crux", "task-stream"):
-        measure(config, args.tasks, args.rate, py_spy)
+    configs = ("crux", "crux-other") if args.compare_with else ("crux",)
+    shares: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
+    for _ in range(args.repeats):
+        for config in configs:
+            shares[config].append(
+                measure(config, args.tasks, args.rate, py_spy, args.compare_with))
+    measure("task-stream", args.tasks, args.rate, py_spy)
+    if args.repeats > 1 or args.compare_with:
+        print(f"medians of {args.repeats} runs (per cent of each process's samples):")
+        for config, runs in shares.items():
+            workers = [statistics.median(run[name] for name in run if name != "scheduler")
+                       for run in runs]
+            scheduler = [run["scheduler"] for run in runs]
+            print(f"  {config:<12} scheduler {statistics.median(scheduler):5.2f} %  "
+                  f"workers {statistics.median(workers):5.2f} %  (each run: scheduler "
+                  + " ".join(f"{share:.2f}" for share in scheduler) + ", workers "
+                  + " ".join(f"{share:.2f}" for share in workers) + ")")
 
 
 if __name__ == "__main__":

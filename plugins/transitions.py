@@ -46,7 +46,7 @@ class TransitionLog:
     (and a key that is a tuple of them).  Before, the hook's transitions were
     read from distributed's log every ``apply-interval``: copying a field of an
     entry logged a fraction of a second before costs a miss of the processor's
-    cache, several times what the hook spends while the values are at hand,
+    cache, two to three times what the hook spends while the values are at hand,
     and ``zip(*entries)`` made an iterator per entry, a young collection every
     700 of them.
 

@@ -333,7 +333,7 @@ class CruxWorkerPlugin(WorkerPlugin):
                 return
         annotations = ts.annotations
         # Packed now, while what it holds is in the processor's cache: packed with the
-        # batch, a fraction of a second later, each took several times as long.
+        # batch, a fraction of a second later, packing took up to half as long again.
         self.reports.append(self._packer.pack([  # keys as they are: the scheduler makes strings
             key, worker.threads.get(key), start, stop, ts.nbytes or 0,
             [dts.key for dts in ts.dependencies], ts.prefix,

@@ -38,6 +38,21 @@ per cent.
 Target: Crux costs at most +2 % of the scheduler's CPU and +2 % of the
 workers' CPU over ``none``.
 
+On a shared machine the same work takes a varying number of CPU seconds: a
+fixed loop of pure Python took 0.25-0.27 s most seconds here, and 0.4-0.53 s
+in slow spells of one or two seconds.  The variation is one-sided -- spells
+only slow the work down -- so the least CPU and the lower quartile of the
+rounds are printed besides the medians.  The spells are of one processor:
+two such loops run at once, one on each processor, slowed down in different
+seconds.  ``--together`` takes them out of the comparison: it starts every
+configuration's cluster once, binds all their schedulers and workers to the
+last processor (the client and Crux's graph process run on the others), and
+runs each workload on all the clusters at the same time, once a round, so that
+every configuration runs through the same spells.  They share the processor
+then: each runs slower in wall time, and the ratios are of the CPU seconds each
+spent (Crux's graph grows from round to round, as it does on a cluster kept
+for a day's work).
+
 ``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
 package in ``DIR`` (put first on the processes' ``PYTHONPATH``), to compare
@@ -47,7 +62,7 @@ Crux, unless ``--compare-with`` is given too): ``crux-dask.capture.files=False``
 measures what recording the files tasks open costs.
 
 Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
-[--rows N] [--array N] [--workloads W ...] [--compare-with DIR]
+[--rows N] [--array N] [--workloads W ...] [--together] [--compare-with DIR]
 [--other-config KEY=VALUE ...] [--json FILE]``
 """
 
@@ -63,6 +78,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -330,12 +347,19 @@ class Cluster:
     def measure(self, work: Callable[[Client], None]) -> dict[str, float]:
         """Wall time and CPU seconds of the scheduler and of the workers for ``work``."""
         self.settle()
-        collected = self.collections()
-        before = self.cpu()
-        started = time.perf_counter()
-        work(self.client)
-        wall = time.perf_counter() - started
+        begun = self.begin()
+        return self.end(begun, timed(work, self.client))
+
+    def begin(self) -> tuple[Any, tuple[float, float, float]]:
+        """What :meth:`end` counts from: the garbage collections and CPU seconds so far."""
+        return self.collections(), self.cpu()
+
+    def end(self, begun: tuple[Any, tuple[float, float, float]], wall: float
+            ) -> dict[str, float]:
+        """Once the cluster is idle again: ``wall``, and the CPU seconds and garbage
+        collections since :meth:`begin` returned ``begun``."""
         self.settle()
+        collected, before = begun
         after = self.cpu()
         result = {"wall": wall, "scheduler": after[0] - before[0],
                   "workers": after[1] - before[1], "helpers": after[2] - before[2]}
@@ -395,48 +419,106 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
     chosen = workloads(args)
     configs = CONFIGS + (("crux-other",) if args.compare_with or args.other_config else ())
     results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
-    events: dict[str, list[int]] = {w: [] for w in chosen}
-    applying: dict[str, list[float]] = {w: [] for w in chosen}
-    longest: dict[str, list[float]] = {w: [] for w in chosen}
-    waited: dict[str, list[int]] = {w: [] for w in chosen}
-    own: dict[str, list[dict[str, float]]] = {w: [] for w in chosen}
+    crux_rounds: dict[str, list[dict[str, Any]]] = {w: [] for w in chosen}
+
+    def start(config: str, scratch: str) -> Cluster:
+        cluster = Cluster(config, Path(scratch), other=args.compare_with,
+                          other_config=config_environment(args.other_config))
+        for _, _, warm in chosen.values():
+            warm(cluster.client)
+        return cluster
+
+    def measured(name: str, cluster: Cluster, result: dict[str, float],
+                 before: dict[str, Any] | None, round_: int) -> None:
+        results[name][cluster.config].append(result)
+        if before is not None:
+            crux_rounds[name].append(crux_account(before, cluster.crux_stats()))
+        print(f"  round {round_ + 1} {cluster.config:<11} {name:<8} "
+              f"wall {result['wall']:6.2f} s  scheduler CPU "
+              f"{result['scheduler']:6.2f} s  workers CPU "
+              f"{result['workers']:6.2f} s", file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory(prefix="crux-overhead-") as scratch:
+        if args.together:
+            together(args, configs, start, measured, scratch)
+            return finish(results, crux_rounds)
         for round_ in range(args.repeats):
             turn = round_ % len(configs)
             for config in configs[turn:] + configs[:turn]:
-                cluster = Cluster(config, Path(scratch), other=args.compare_with,
-                                  other_config=config_environment(args.other_config))
+                cluster = start(config, scratch)
                 try:
-                    for _, _, warm in chosen.values():
-                        warm(cluster.client)
                     for name, (_, work, _) in chosen.items():
                         before = cluster.crux_stats() if config == "crux" else None
-                        result = cluster.measure(work)
-                        results[name][config].append(result)
-                        if before is not None:
-                            after = cluster.crux_stats()
-                            check_crux(after)
-                            events[name].append(after["events_received"]
-                                                - before["events_received"])
-                            applying[name].append(after["seconds_applying"]
-                                                  - before["seconds_applying"])
-                            longest[name].append(after["longest_slice_seconds"])
-                            waited[name].append(after["events_parked_total"]
-                                                - before["events_parked_total"])
-                            own[name].append(own_seconds(before, after))
-                        print(f"  round {round_ + 1} {config:<11} {name:<8} "
-                              f"wall {result['wall']:6.2f} s  scheduler CPU "
-                              f"{result['scheduler']:6.2f} s  workers CPU "
-                              f"{result['workers']:6.2f} s", file=sys.stderr, flush=True)
+                        measured(name, cluster, cluster.measure(work), before, round_)
                 finally:
                     cluster.close()
-    for name in chosen:
-        results[name]["events"] = events[name]  # type: ignore[assignment]
-        results[name]["applying"] = applying[name]  # type: ignore[assignment]
-        results[name]["longest_slice"] = longest[name]  # type: ignore[assignment]
-        results[name]["waited"] = waited[name]  # type: ignore[assignment]
-        results[name]["own"] = own[name]  # type: ignore[assignment]
+    return finish(results, crux_rounds)
+
+
+def together(args: argparse.Namespace, configs: tuple[str, ...],
+             start: Callable[[str, str], Cluster], measured: Callable[..., None],
+             scratch: str) -> None:
+    """The rounds of ``--together``: every configuration's cluster started once, its
+    scheduler and workers bound to the last processor (the client to the others),
+    and each workload run on all of them at the same time, once a round."""
+    *others, last = sorted(os.sched_getaffinity(0))
+    if not others:
+        raise SystemExit("--together needs two processors at least")
+    os.sched_setaffinity(0, others)
+    clusters: dict[str, Cluster] = {}
+    try:
+        for config in configs:
+            clusters[config] = start(config, scratch)
+            cluster = clusters[config]
+            for process in (cluster.scheduler_process, *cluster.worker_processes):
+                process.cpu_affinity([last])
+            for helper in cluster.scheduler_process.children(recursive=True):
+                helper.cpu_affinity(others)
+        with ThreadPoolExecutor(len(configs)) as pool:
+            for round_ in range(args.repeats):
+                for name, (_, work, _) in workloads(args).items():
+                    for cluster in clusters.values():
+                        cluster.settle()
+                    before = {c: cluster.crux_stats() if c == "crux" else None
+                              for c, cluster in clusters.items()}
+                    starts = {c: cluster.begin() for c, cluster in clusters.items()}
+                    walls = dict(zip(clusters, pool.map(
+                        partial(timed, work), [c.client for c in clusters.values()]),
+                        strict=True))
+                    for config, cluster in clusters.items():
+                        measured(name, cluster, cluster.end(starts[config], walls[config]),
+                                 before[config], round_)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+
+
+def timed(work: Callable[[Client], None], client: Client) -> float:
+    """Run ``work`` on ``client``; the seconds it took."""
+    started = time.perf_counter()
+    work(client)
+    return time.perf_counter() - started
+
+
+def finish(results: dict[str, dict[str, list]],
+           crux_rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list]]:
+    """``results`` with Crux's own account of each round of each workload added."""
+    for name, rounds in crux_rounds.items():
+        for part in ("events", "applying", "longest_slice", "waited", "own"):
+            results[name][part] = [r[part] for r in rounds]
     return results
+
+
+def crux_account(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What Crux's stats tell of a workload run between ``before`` and ``after``: events
+    received, seconds applying them, the longest slice so far, events that waited for
+    a late report, and its own CPU on the scheduler; raises if it reported a failure."""
+    check_crux(after)
+    return {"events": after["events_received"] - before["events_received"],
+            "applying": after["seconds_applying"] - before["seconds_applying"],
+            "longest_slice": after["longest_slice_seconds"],
+            "waited": after["events_parked_total"] - before["events_parked_total"],
+            "own": own_seconds(before, after)}
 
 
 def own_seconds(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -496,6 +578,14 @@ def report(args: argparse.Namespace, results: dict) -> None:
         print("  least CPU of any round, / none: " + "; ".join(
             f"{c} scheduler {m['scheduler'] / low['scheduler']:.3f} workers "
             f"{m['workers'] / low['workers']:.3f}" for c, m in minima.items() if c != "none"))
+        if args.repeats >= 4:
+            quartiles = {c: {m: statistics.quantiles([r[m] for r in results[name][c]], n=4)[0]
+                             for m in ("scheduler", "workers")} for c in medians}
+            low = quartiles["none"]
+            print("  lower quartile of the rounds, / none: " + "; ".join(
+                f"{c} scheduler {m['scheduler'] / low['scheduler']:.3f} workers "
+                f"{m['workers'] / low['workers']:.3f}"
+                for c, m in quartiles.items() if c != "none"))
         print("  garbage collections, medians (young, full; CPU s in all): " + "; ".join(
             f"{c} " + ", ".join(
                 f"{process} {median_of(results[name][c], f'{process} young'):.0f}, "
@@ -560,6 +650,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--other-config", nargs="+", default=[], metavar="KEY=VALUE",
                         help="dask config settings of crux-other, e.g. "
                              "crux-dask.capture.files=False")
+    parser.add_argument("--together", action="store_true",
+                        help="run the configurations at the same time, on one processor "
+                             "(see above)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     results = run(args)

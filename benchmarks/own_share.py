@@ -6,7 +6,8 @@ machine they vary by more than the few per cent to be told apart.  This
 measures the direct part alone, in one run: a sampling profiler (py-spy,
 ``pip install py-spy``) takes the stack of the thread holding the
 interpreter's lock, ``--rate`` times a second, in the scheduler and in each
-worker while they run :func:`overhead.run_tiny`'s graph of tiny tasks (with
+worker while they run :func:`overhead.run_tiny`'s graph of tiny tasks, or
+with ``--workload array`` :func:`overhead.run_array` ``--times`` times (with
 Crux preloaded, started as ``overhead.py`` starts them); a sample counts as
 Crux's if any frame of its stack is in Crux's code.  The same is done with
 Dask's ``TaskStreamPlugin`` instead, whose share is that of its module.
@@ -24,8 +25,8 @@ side by side vary by several per cent from round to round.
 package, as ``overhead.py`` takes it) too, ``--repeats`` times, interleaved with
 this one, and prints the medians of both.
 
-Usage: ``python benchmarks/own_share.py [--tasks N] [--rate HZ] [--repeats N]
-[--compare-with DIR]``
+Usage: ``python benchmarks/own_share.py [--workload tiny|array] [--tasks N]
+[--array N] [--times N] [--rate HZ] [--repeats N] [--compare-with DIR]``
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import cloudpickle
+from distributed import Client
 
 sys.path.insert(0, str(Path(__file__).parent))
 import overhead
@@ -91,9 +94,23 @@ def read_samples(path: Path, own: list[str]) -> tuple[int, int, collections.Coun
     return total, mine, where
 
 
-def measure(config: str, tasks: int, rate: int, py_spy: str, other: Path | None = None
-            ) -> dict[str, float]:
-    """Run the tiny tasks on a cluster of ``config``, sampled; print each process's
+def workload(args: argparse.Namespace) -> tuple[str, Callable[[Client], None],
+                                                 Callable[[Client], None]]:
+    """What is run: its description, the sampled run and a warm-up run."""
+    if args.workload == "array":
+        def run(client: Client) -> None:
+            for _ in range(args.times):
+                overhead.run_array(client, args.array)
+
+        return (f"{args.times} x array {args.array} x {args.array} in 20 x 20 chunks",
+                run, lambda client: overhead.run_array(client, args.array))
+    return (f"{args.tasks:,} tiny tasks", lambda client: overhead.run_tiny(client, args.tasks),
+            lambda client: overhead.run_tiny(client, args.tasks // 4))
+
+
+def measure(config: str, work: tuple[str, Callable, Callable], rate: int, py_spy: str,
+            other: Path | None = None) -> dict[str, float]:
+    """Run ``work`` on a cluster of ``config``, sampled; print each process's
     share and where it went, and return the shares (per cent) by process."""
     own = own_directories(config, other)
     shares = {}
@@ -102,7 +119,7 @@ def measure(config: str, tasks: int, rate: int, py_spy: str, other: Path | None 
         cluster = overhead.Cluster(config, workdir, other=other)
         try:
             cluster.settle()
-            overhead.run_tiny(cluster.client, tasks // 4)  # warm: imports, first connections
+            work[2](cluster.client)  # warm: imports, first connections
             cluster.settle()
             processes = {"scheduler": cluster.scheduler.pid,
                          **{f"worker {i}": w.pid for i, w in enumerate(cluster.workers)}}
@@ -112,7 +129,7 @@ def measure(config: str, tasks: int, rate: int, py_spy: str, other: Path | None 
                  "-o", str(workdir / f"{pid}.txt")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 for name, pid in processes.items()}
-            overhead.run_tiny(cluster.client, tasks)
+            work[1](cluster.client)
             cluster.settle()
             for sampler in samplers.values():
                 sampler.send_signal(signal.SIGINT)
@@ -132,7 +149,10 @@ def measure(config: str, tasks: int, rate: int, py_spy: str, other: Path | None 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=9000)
+    parser.add_argument("--workload", choices=("tiny", "array"), default="tiny")
+    parser.add_argument("--tasks", type=int, default=9000, help="tiny tasks (about)")
+    parser.add_argument("--array", type=int, default=4000, help="side of the array")
+    parser.add_argument("--times", type=int, default=5, help="array runs sampled")
     parser.add_argument("--rate", type=int, default=500, help="samples a second")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--compare-with", type=Path, default=None, metavar="DIR",
@@ -141,15 +161,16 @@ def main() -> None:
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy is None:
         raise SystemExit("this needs py-spy: pip install py-spy")
-    print(f"{args.tasks:,} tiny tasks, 2 worker processes of one thread; samples of the thread "
+    work = workload(args)
+    print(f"{work[0]}, 2 worker processes of one thread; samples of the thread "
           f"holding the interpreter's lock, {args.rate} a second:")
     configs = ("crux", "crux-other") if args.compare_with else ("crux",)
     shares: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
     for _ in range(args.repeats):
         for config in configs:
             shares[config].append(
-                measure(config, args.tasks, args.rate, py_spy, args.compare_with))
-    measure("task-stream", args.tasks, args.rate, py_spy)
+                measure(config, work, args.rate, py_spy, args.compare_with))
+    measure("task-stream", work, args.rate, py_spy)
     if args.repeats > 1 or args.compare_with:
         print(f"medians of {args.repeats} runs (per cent of each process's samples):")
         for config, runs in shares.items():

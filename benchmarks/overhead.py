@@ -48,7 +48,10 @@ seconds.  ``--together`` takes them out of the comparison: it starts every
 configuration's cluster once, binds all their schedulers and workers to the
 last processor (the client and Crux's graph process run on the others), and
 runs each workload on all the clusters at the same time, once a round, so that
-every configuration runs through the same spells.  They share the processor
+every configuration runs through the same spells.  The graph submitted first
+runs alone for a moment, and the last to finish runs alone at its end, which
+moved a configuration's CPU by up to 3 %: the configurations take each place
+in turn, so give ``--repeats`` as a multiple of their number.  They share the processor
 then: each runs slower in wall time, and the ratios are of the CPU seconds each
 spent (Crux's graph grows from round to round, as it does on a cluster kept
 for a day's work).
@@ -259,6 +262,9 @@ class Cluster:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(site_dir), str(other), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PYTHONWARNINGS"] = "ignore"
+        # The same hashes in every configuration: the order of a set of keys or workers,
+        # and so which worker a task goes to, does not differ by configuration.
+        env["PYTHONHASHSEED"] = "0"
         # One thread per worker process, numpy's included (a nanny would set these).
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         scheduler_file = workdir / f"scheduler-{config}-{time.time_ns()}.json"
@@ -476,18 +482,20 @@ def together(args: argparse.Namespace, configs: tuple[str, ...],
                 helper.cpu_affinity(others)
         with ThreadPoolExecutor(len(configs)) as pool:
             for round_ in range(args.repeats):
+                # Submitted first, a graph runs alone a moment; the last to finish runs
+                # alone at the end: each configuration takes each place in turn.
+                turn = round_ % len(configs)
+                order = [clusters[c] for c in configs[turn:] + configs[:turn]]
                 for name, (_, work, _) in workloads(args).items():
-                    for cluster in clusters.values():
+                    for cluster in order:
                         cluster.settle()
-                    before = {c: cluster.crux_stats() if c == "crux" else None
-                              for c, cluster in clusters.items()}
-                    starts = {c: cluster.begin() for c, cluster in clusters.items()}
-                    walls = dict(zip(clusters, pool.map(
-                        partial(timed, work), [c.client for c in clusters.values()]),
-                        strict=True))
-                    for config, cluster in clusters.items():
-                        measured(name, cluster, cluster.end(starts[config], walls[config]),
-                                 before[config], round_)
+                    before = [cluster.crux_stats() if cluster.config == "crux" else None
+                              for cluster in order]
+                    starts = [cluster.begin() for cluster in order]
+                    walls = list(pool.map(partial(timed, work), [c.client for c in order]))
+                    for cluster, begun, wall, stats in zip(order, starts, walls, before,
+                                                           strict=True):
+                        measured(name, cluster, cluster.end(begun, wall), stats, round_)
     finally:
         for cluster in clusters.values():
             cluster.close()

@@ -33,7 +33,8 @@ compat: $(BIN)/activate
 	$(BIN)/python benchmarks/compat.py --tests-from $(DISTRIBUTED_TESTS)
 
 overhead: $(BIN)/activate
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/overhead.py --together --repeats 6 --tiny 3000 --array 3000 \
+		--partitions 20 --rows 100000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,10 +51,13 @@ runs each workload on all the clusters at the same time, once a round, so that
 every configuration runs through the same spells.  The graph submitted first
 runs alone for a moment, and the last to finish runs alone at its end, which
 moved a configuration's CPU by up to 3 %: the configurations take each place
-in turn, so give ``--repeats`` as a multiple of their number.  They share the processor
-then: each runs slower in wall time, and the ratios are of the CPU seconds each
-spent (Crux's graph grows from round to round, as it does on a cluster kept
-for a day's work).
+in turn, so give ``--repeats`` as a multiple of their number.  Every cluster
+hashes alike (``PYTHONHASHSEED``), so that none places its tasks differently
+for good.  Sharing the processor, each runs about as many times slower in wall
+time as there are configurations, so costs that come per second (a worker's
+batch, the scheduler's apply tick) weigh that much more against those that
+come per task than in a run alone (and Crux's graph grows from round to
+round, as it does on a cluster kept for a day's work).
 
 ``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``

@@ -268,9 +268,13 @@ async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
     spooled = await plugin.spooled_pieces()
-    kept, stats, scopes = plugin.transitions.kept(), plugin.stats(), plugin.scopes()
-    return await _stage(plugin, spooled, lambda end: (
-        (end, stats, scopes), plugin.transitions.in_chunks(kept)))
+    try:
+        transitions = await plugin.transition_chunks()
+    except BaseException:
+        spooled.release()
+        raise
+    stats, scopes = plugin.stats(), plugin.scopes()
+    return await _stage(plugin, spooled, lambda end: ((end, stats, scopes), transitions))
 
 
 async def _stage(plugin: CruxSchedulerPlugin, spooled: Pieces | KeptPieces,

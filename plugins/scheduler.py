@@ -36,7 +36,7 @@ from crux_dask.plugins.protocol import (
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import KeptPieces, Pieces, Staging
 from crux_dask.plugins.tasks import DONE, SENT, TASK
-from crux_dask.plugins.transitions import TransitionLog
+from crux_dask.plugins.transitions import TransitionLog, chunks_of_log
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -68,7 +68,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         How long an event may wait for an unreported input
         (``crux-dask.park-timeout``).
     max_transitions : int, optional
-        Scheduler transitions kept for the export (``crux-dask.max-transitions``).
+        Scheduler transitions kept for the export, if every one is recorded
+        (``crux-dask.max-transitions``, ``crux-dask.capture.transitions``).
 
     Attributes
     ----------
@@ -150,6 +151,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.transitions = TransitionLog(self.max_transitions)
         self.attached_at = time.time()
         self.tasks_at_attach = len(scheduler.tasks)
+        self.transitions_at_attach = scheduler.transition_counter
         if self.tasks_at_attach:
             logger.info("Crux attached to a running scheduler with %d tasks: it records "
                         "what happens from now on", self.tasks_at_attach)
@@ -337,6 +339,30 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: stores_in_pieces(self.spool.stores()))
 
+    async def transition_chunks(self) -> list[tuple[tuple, ...]]:
+        """The scheduler's transitions for the export, as the chunks of
+        :meth:`~crux_dask.plugins.transitions.TransitionLog.in_chunks`.
+
+        Every one recorded, if ``crux-dask.capture.transitions`` is on; else the
+        newest distributed keeps in its own log (``Scheduler.transition_log``, the
+        newest ``distributed.admin.low-level-log-length``), which costs nothing
+        while the scheduler runs (recording each in the hook cost it 1-3 % of its
+        CPU on tiny tasks), and are made into chunks in a thread.
+        """
+        if self.record_transitions:
+            return self.transitions.in_chunks()
+        entries = list(self.scheduler.transition_log)
+        return await asyncio.get_running_loop().run_in_executor(None, chunks_of_log, entries)
+
+    def transitions_dropped(self) -> int:
+        """Transitions since Crux attached that the export will not have: dropped past
+        ``max-transitions`` if recorded, else no longer in distributed's own log."""
+        if self.record_transitions:
+            return self.transitions.dropped
+        scheduler = self.scheduler
+        return max(0, scheduler.transition_counter - self.transitions_at_attach
+                   - len(scheduler.transition_log))
+
     def scopes(self) -> list[Scope]:
         """The computations and spans the scheduler remembers, oldest first."""
         from crux_dask.plugins.scopes import computations, spans
@@ -453,7 +479,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "memory_bytes": memory,
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
-            "transitions_dropped": self.transitions.dropped,
+            "transitions_dropped": self.transitions_dropped(),
             "run_id": builder.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,

@@ -14,7 +14,7 @@ from crux_dask.plugins.protocol import key_string
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CHUNK", "FIELDS", "TransitionLog", "transitions_frame"]
+__all__ = ["CHUNK", "FIELDS", "TransitionLog", "chunks_of_log", "transitions_frame"]
 
 #: Transitions per chunk: the newest are in lists until there are this many of them.
 CHUNK = 4096
@@ -159,6 +159,21 @@ def transitions_frame(chunks: list[tuple[tuple, ...]]) -> pd.DataFrame:
         "location": pd.Series(workers, dtype=object),
         "stimulus_id": pd.Series(stimuli, dtype=object),
     })
+
+
+def chunks_of_log(entries: list) -> list[tuple[tuple, ...]]:
+    """Entries of distributed's own transition log (``Scheduler.transition_log``: key,
+    start, finish, recommendations, stimulus and time each) as the chunks of
+    :meth:`TransitionLog.in_chunks`, oldest first.  That log does not say which worker
+    a task finished on: no transition has one."""
+    chunks = []
+    for first in range(0, len(entries), CHUNK):
+        part = entries[first:first + CHUNK]
+        rows: list = []
+        for key, start, finish, _, stimulus, when in part:
+            rows += (key, start, finish, stimulus, when, None)
+        chunks.append(_chunk(rows, len(part)))
+    return chunks or [_chunk([], 0)]
 
 
 def _chunk(rows: list, n: int) -> tuple[tuple, ...]:

@@ -1,5 +1,6 @@
-"""The scheduler's transitions kept for the export: all of them, in order, within bounds,
-and nothing the scheduler's garbage collector has to walk."""
+"""The scheduler's transitions for the export: by default those distributed keeps in its
+own log; recorded (``capture.transitions``), all of them, in order, within bounds, and
+nothing the scheduler's garbage collector has to walk."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
 from crux_dask.plugins.logs import since
-from crux_dask.plugins.transitions import CHUNK, FIELDS, TransitionLog, transitions_frame
+from crux_dask.plugins.transitions import (
+    CHUNK,
+    FIELDS,
+    TransitionLog,
+    chunks_of_log,
+    transitions_frame,
+)
+
+RECORDED = {"crux-dask.capture.transitions": True}
 
 
 def record(log: TransitionLog, n: int, first: int = 0) -> None:
@@ -110,7 +119,7 @@ def test_an_empty_log_makes_an_empty_frame_of_the_columns():
     assert len(frame) == 0
 
 
-@gen_cluster(client=True)
+@gen_cluster(client=True, config=RECORDED)
 async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
     await crux_dask.attach(c)
     plugin = s.plugins["crux"]
@@ -129,7 +138,7 @@ async def test_the_log_agrees_with_the_schedulers_own(c, s, a, b):
         zip(ours["key"], ours["start"], ours["finish"], ours["stimulus_id"]))
 
 
-@gen_cluster(client=True, config={"distributed.admin.low-level-log-length": 0})
+@gen_cluster(client=True, config={**RECORDED, "distributed.admin.low-level-log-length": 0})
 async def test_every_transition_is_kept_though_the_schedulers_own_log_keeps_none(c, s, a, b):
     await crux_dask.attach(c)
     plugin = s.plugins["crux"]
@@ -144,6 +153,37 @@ async def test_every_transition_is_kept_though_the_schedulers_own_log_keeps_none
     assert frame.groupby("key")["finish"].last().eq("forgotten").all()
     finished = frame[frame["location"].notna()]
     assert len(finished) == 300 and (finished["finish"] == "memory").all()
+
+
+@gen_cluster(client=True, config={"distributed.admin.low-level-log-length": 500})
+async def test_by_default_the_export_has_what_distributed_keeps_and_counts_the_rest(c, s, a, b):
+    await crux_dask.attach(c)
+    plugin = s.plugins["crux"]
+    counted = s.transition_counter
+    futures = c.map(inc, range(300))  # 1,200 transitions and more: the log keeps 500
+    await c.gather(futures)
+    del futures
+    await async_poll_for(lambda: not s.tasks, timeout=5)
+    assert len(plugin.transitions) == 0  # nothing recorded by the hook
+    frame = transitions_frame(await plugin.transition_chunks())
+    theirs = list(s.transition_log)
+    assert len(frame) == len(theirs) == 500
+    assert [(str(t.key), t.start, t.finish, t.stimulus_id, t.timestamp) for t in theirs] == list(
+        zip(frame["key"], frame["start"], frame["finish"], frame["stimulus_id"], frame["time"]))
+    assert frame["location"].isna().all()  # distributed's log does not say
+    dropped = plugin.stats()["transitions_dropped"]
+    assert dropped == s.transition_counter - counted - 500 > 0
+
+
+def test_distributed_s_log_makes_chunks_of_the_export():
+    entries = [(("x", i), "processing", "memory", {}, f"s-{i}", float(i))
+               for i in range(CHUNK + 5)]
+    chunks = chunks_of_log(entries)
+    assert len(chunks) == 2
+    frame = transitions_frame(chunks)
+    assert frame["key"].tolist() == [str(("x", i)) for i in range(CHUNK + 5)]
+    assert frame["time"].tolist() == [float(i) for i in range(CHUNK + 5)]
+    assert len(transitions_frame(chunks_of_log([]))) == 0
 
 
 def test_a_log_is_read_from_the_newest_entry_read_before():

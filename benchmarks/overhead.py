@@ -44,20 +44,21 @@ in slow spells of one or two seconds.  The variation is one-sided -- spells
 only slow the work down -- so the least CPU and the lower quartile of the
 rounds are printed besides the medians.  The spells are of one processor:
 two such loops run at once, one on each processor, slowed down in different
-seconds.  ``--together`` takes them out of the comparison: it starts every
-configuration's cluster once, binds all their schedulers and workers to the
+seconds.  ``--together`` takes them out of the comparison: each round it starts
+a cluster of every configuration, binds all their schedulers and workers to the
 last processor (the client and Crux's graph process run on the others), and
-runs each workload on all the clusters at the same time, once a round, so that
-every configuration runs through the same spells.  The graph submitted first
-runs alone for a moment, and the last to finish runs alone at its end, which
-moved a configuration's CPU by up to 3 %: the configurations take each place
-in turn, so give ``--repeats`` as a multiple of their number.  Every cluster
-hashes alike (``PYTHONHASHSEED``), so that none places its tasks differently
-for good.  Sharing the processor, each runs about as many times slower in wall
-time as there are configurations, so costs that come per second (a worker's
-batch, the scheduler's apply tick) weigh that much more against those that
-come per task than in a run alone (and Crux's graph grows from round to
-round, as it does on a cluster kept for a day's work).
+runs each workload on all the clusters at the same time, so that every
+configuration runs through the same spells.  The graph submitted first runs
+alone for a moment, and the last to finish runs alone at its end, which moved
+a configuration's CPU by up to 3 %: the configurations take each place in
+turn, so give ``--repeats`` as a multiple of their number.  With clusters kept
+for every round, no plugin came out 1-4 % dearer than both the others in every
+round of a run, though every cluster hashes alike (``PYTHONHASHSEED``): what a
+cluster costs depends on the cluster too, for its life, so each round starts
+new ones.  Sharing the processor, each
+runs about as many times slower in wall time as there are configurations, so
+costs that come per second (a worker's batch, the scheduler's apply tick)
+weigh that much more against those that come per task than in a run alone.
 
 ``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
@@ -467,28 +468,27 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
 def together(args: argparse.Namespace, configs: tuple[str, ...],
              start: Callable[[str, str], Cluster], measured: Callable[..., None],
              scratch: str) -> None:
-    """The rounds of ``--together``: every configuration's cluster started once, its
-    scheduler and workers bound to the last processor (the client to the others),
-    and each workload run on all of them at the same time, once a round."""
+    """The rounds of ``--together``: each round, a cluster of every configuration, its
+    scheduler and workers bound to the last processor (the client to the others), and
+    each workload run on all of them at the same time."""
     *others, last = sorted(os.sched_getaffinity(0))
     if not others:
         raise SystemExit("--together needs two processors at least")
     os.sched_setaffinity(0, others)
-    clusters: dict[str, Cluster] = {}
-    try:
-        for config in configs:
-            clusters[config] = start(config, scratch)
-            cluster = clusters[config]
-            for process in (cluster.scheduler_process, *cluster.worker_processes):
-                process.cpu_affinity([last])
-            for helper in cluster.scheduler_process.children(recursive=True):
-                helper.cpu_affinity(others)
-        with ThreadPoolExecutor(len(configs)) as pool:
-            for round_ in range(args.repeats):
-                # Submitted first, a graph runs alone a moment; the last to finish runs
-                # alone at the end: each configuration takes each place in turn.
-                turn = round_ % len(configs)
-                order = [clusters[c] for c in configs[turn:] + configs[:turn]]
+    with ThreadPoolExecutor(len(configs)) as pool:
+        for round_ in range(args.repeats):
+            # Submitted first, a graph runs alone a moment; the last to finish runs
+            # alone at the end: each configuration takes each place in turn.
+            turn = round_ % len(configs)
+            order: list[Cluster] = []
+            try:
+                for config in configs[turn:] + configs[:turn]:
+                    order.append(start(config, scratch))
+                    for process in (order[-1].scheduler_process,
+                                    *order[-1].worker_processes):
+                        process.cpu_affinity([last])
+                    for helper in order[-1].scheduler_process.children(recursive=True):
+                        helper.cpu_affinity(others)
                 for name, (_, work, _) in workloads(args).items():
                     for cluster in order:
                         cluster.settle()
@@ -499,9 +499,9 @@ def together(args: argparse.Namespace, configs: tuple[str, ...],
                     for cluster, begun, wall, stats in zip(order, starts, walls, before,
                                                            strict=True):
                         measured(name, cluster, cluster.end(begun, wall), stats, round_)
-    finally:
-        for cluster in clusters.values():
-            cluster.close()
+            finally:
+                for cluster in order:
+                    cluster.close()
 
 
 def timed(work: Callable[[Client], None], client: Client) -> float:

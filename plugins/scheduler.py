@@ -346,7 +346,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         Every one recorded, if ``crux-dask.capture.transitions`` is on; else the
         newest distributed keeps in its own log (``Scheduler.transition_log``, the
         newest ``distributed.admin.low-level-log-length``), which costs nothing
-        while the scheduler runs (recording each in the hook cost it 1-3 % of its
+        while the scheduler runs (recording each in the hook cost it about 1-2 % of its
         CPU on tiny tasks), and are made into chunks in a thread.
         """
         if self.record_transitions:

@@ -15,7 +15,10 @@ def test_demo_prints_its_path_writes_a_report_and_serves_the_dashboard(tmp_path:
     demo = subprocess.Popen(
         [sys.executable, "-m", "crux_dask.cli", "demo", "--slow", "0.3", "--report",
          str(report), "--serve"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        text=True, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Ctrl-C as a terminal sends it: a shell's background job would inherit SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         for line in demo.stdout:  # synchronised on what it prints

@@ -267,12 +267,8 @@ async def _stage_pag_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
 
 async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
+    transitions = await plugin.transition_chunks()
     spooled = await plugin.spooled_pieces()
-    try:
-        transitions = await plugin.transition_chunks()
-    except BaseException:
-        spooled.release()
-        raise
     stats, scopes = plugin.stats(), plugin.scopes()
     return await _stage(plugin, spooled, lambda end: ((end, stats, scopes), transitions))
 

@@ -168,11 +168,8 @@ def chunks_of_log(entries: list) -> list[tuple[tuple, ...]]:
     a task finished on: no transition has one."""
     chunks = []
     for first in range(0, len(entries), CHUNK):
-        part = entries[first:first + CHUNK]
-        rows: list = []
-        for key, start, finish, _, stimulus, when in part:
-            rows += (key, start, finish, stimulus, when, None)
-        chunks.append(_chunk(rows, len(part)))
+        keys, starts, finishes, _, stimuli, times = zip(*entries[first:first + CHUNK])
+        chunks.append((keys, starts, finishes, stimuli, times, (), ()))
     return chunks or [_chunk([], 0)]
 
 

@@ -60,7 +60,12 @@ runs about as many times slower in wall time as there are configurations, so
 costs that come per second (a worker's batch, the scheduler's apply tick)
 weigh that much more against those that come per task than in a run alone.
 
-``--compare-with DIR`` adds a fourth configuration, ``crux-other``: Crux
+``--empty`` adds a configuration of plugins whose transition hooks do nothing
+(``empty``), on the scheduler and on every worker: what being called for every
+transition costs, and what this method of measuring makes of a plugin that
+costs nothing else.
+
+``--compare-with DIR`` adds a configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
 package in ``DIR`` (put first on the processes' ``PYTHONPATH``), to compare
 two versions of Crux side by side in the same rounds.  ``--other-config KEY=VALUE
@@ -69,7 +74,7 @@ Crux, unless ``--compare-with`` is given too): ``crux-dask.capture.files=False``
 measures what recording the files tasks open costs.
 
 Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
-[--rows N] [--array N] [--workloads W ...] [--together] [--compare-with DIR]
+[--rows N] [--array N] [--workloads W ...] [--together] [--empty] [--compare-with DIR]
 [--other-config KEY=VALUE ...] [--json FILE]``
 """
 
@@ -92,6 +97,7 @@ from typing import Any
 
 import psutil
 from distributed import Client
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 CONFIGS = ("none", "task-stream", "crux")
 WORKLOADS = ("tiny", "shuffle", "array")
@@ -175,6 +181,34 @@ def add_task_stream(dask_scheduler: Any) -> None:
     dask_scheduler.add_plugin(TaskStreamPlugin(dask_scheduler))
 
 
+class IdleSchedulerPlugin(SchedulerPlugin):
+    """A scheduler plugin whose transition hook does nothing (``--empty``)."""
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   **kwargs: Any) -> None:
+        return None
+
+
+class IdleWorkerPlugin(WorkerPlugin):
+    """A worker plugin whose transition hook does nothing (``--empty``)."""
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        return None
+
+
+def add_empty(dask_scheduler: Any) -> None:
+    dask_scheduler.add_plugin(IdleSchedulerPlugin(), name="empty")
+
+
+async def add_empty_worker(dask_worker: Any) -> None:
+    await dask_worker.plugin_add(IdleWorkerPlugin(), name="empty")
+
+
+def has_empty(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    return "empty" in server.plugins
+
+
 def has_crux(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
     server = dask_scheduler if dask_scheduler is not None else dask_worker
     return "crux" in server.plugins
@@ -237,7 +271,7 @@ class Cluster:
     Parameters
     ----------
     config : str
-        One of :data:`CONFIGS`, or ``crux-other``.
+        One of :data:`CONFIGS`, ``empty`` or ``crux-other``.
     other : Path, optional
         For ``crux-other``: the folder the other version of ``crux_dask`` is in.
     other_config : dict, optional
@@ -295,6 +329,13 @@ class Cluster:
         self.client.wait_for_workers(n_workers, timeout=60)
         if config == "task-stream":
             self.client.run_on_scheduler(add_task_stream)
+        if config == "empty":
+            self.client.run_on_scheduler(add_empty)
+            self.client.run(add_empty_worker)
+            if not (self.client.run_on_scheduler(has_empty)
+                    and all(self.client.run(has_empty).values())):
+                self.close()
+                raise RuntimeError("the empty plugins are not on every process")
         crux = [self.client.run_on_scheduler(has_crux),
                 *self.client.run(has_crux).values()]
         if any(crux) != self.crux or (self.crux and not all(crux)):
@@ -427,7 +468,8 @@ def config_environment(settings: list[str]) -> dict[str, str]:
 def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
     """Every measurement: ``results[workload][config]`` is one dict per round."""
     chosen = workloads(args)
-    configs = CONFIGS + (("crux-other",) if args.compare_with or args.other_config else ())
+    configs = CONFIGS + (("empty",) if args.empty else ()) + (
+        ("crux-other",) if args.compare_with or args.other_config else ())
     results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
     crux_rounds: dict[str, list[dict[str, Any]]] = {w: [] for w in chosen}
 
@@ -576,7 +618,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
               f"{'graph process CPU s':>20}")
         medians = {c: {m: statistics.median(r.get(m, 0.0) for r in results[name][c])
                        for m in ("wall", "scheduler", "workers", "helpers")}
-                   for c in results[name] if c in CONFIGS or c == "crux-other"}
+                   for c in results[name] if c in (*CONFIGS, "empty", "crux-other")}
         base = medians["none"]
         for config, m in medians.items():
             print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
@@ -669,6 +711,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--together", action="store_true",
                         help="run the configurations at the same time, on one processor "
                              "(see above)")
+    parser.add_argument("--empty", action="store_true",
+                        help="add a configuration of plugins whose hooks do nothing")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     results = run(args)

@@ -181,7 +181,7 @@ def add_task_stream(dask_scheduler: Any) -> None:
     dask_scheduler.add_plugin(TaskStreamPlugin(dask_scheduler))
 
 
-class IdleSchedulerPlugin(SchedulerPlugin):
+class EmptySchedulerPlugin(SchedulerPlugin):
     """A scheduler plugin whose transition hook does nothing (``--empty``)."""
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
@@ -189,7 +189,7 @@ class IdleSchedulerPlugin(SchedulerPlugin):
         return None
 
 
-class IdleWorkerPlugin(WorkerPlugin):
+class EmptyWorkerPlugin(WorkerPlugin):
     """A worker plugin whose transition hook does nothing (``--empty``)."""
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
@@ -197,21 +197,16 @@ class IdleWorkerPlugin(WorkerPlugin):
 
 
 def add_empty(dask_scheduler: Any) -> None:
-    dask_scheduler.add_plugin(IdleSchedulerPlugin(), name="empty")
+    dask_scheduler.add_plugin(EmptySchedulerPlugin(), name="empty")
 
 
 async def add_empty_worker(dask_worker: Any) -> None:
-    await dask_worker.plugin_add(IdleWorkerPlugin(), name="empty")
+    await dask_worker.plugin_add(EmptyWorkerPlugin(), name="empty")
 
 
-def has_empty(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
+def has_plugin(name: str, dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
     server = dask_scheduler if dask_scheduler is not None else dask_worker
-    return "empty" in server.plugins
-
-
-def has_crux(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
-    server = dask_scheduler if dask_scheduler is not None else dask_worker
-    return "crux" in server.plugins
+    return name in server.plugins
 
 
 def idle(dask_scheduler: Any) -> bool:
@@ -332,12 +327,12 @@ class Cluster:
         if config == "empty":
             self.client.run_on_scheduler(add_empty)
             self.client.run(add_empty_worker)
-            if not (self.client.run_on_scheduler(has_empty)
-                    and all(self.client.run(has_empty).values())):
+            if not (self.client.run_on_scheduler(has_plugin, "empty")
+                    and all(self.client.run(has_plugin, "empty").values())):
                 self.close()
                 raise RuntimeError("the empty plugins are not on every process")
-        crux = [self.client.run_on_scheduler(has_crux),
-                *self.client.run(has_crux).values()]
+        crux = [self.client.run_on_scheduler(has_plugin, "crux"),
+                *self.client.run(has_plugin, "crux").values()]
         if any(crux) != self.crux or (self.crux and not all(crux)):
             self.close()
             raise RuntimeError(f"Crux on the scheduler and workers: {crux} in {config!r}")

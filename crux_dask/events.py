@@ -81,7 +81,9 @@ class Transfer(NamedTuple):
 
     ``requested`` is when the receiving worker asked for it, where recorded:
     from then until ``start`` the fetch waited for the worker's transfer
-    capacity.
+    capacity.  Of data a client gathered, it is when the scheduler saw the
+    data's task finish and told the client: from then until ``start`` the
+    client fetched it.
     """
 
     kind: str

@@ -122,7 +122,8 @@ CAUSE_COLUMNS: dict[str, str] = {
 
 #: Moments of the operations that made states, where recorded (NaN elsewhere):
 #: ``requested`` (a task sent to its worker, a fetch asked for by the receiving
-#: worker), ``received`` (the worker got the task), ``runnable`` (all the
+#: worker, data gathered by a client: its task seen finished by the scheduler),
+#: ``received`` (the worker got the task), ``runnable`` (all the
 #: task's inputs were in its worker's memory), a task's ``priority`` in Dask
 #: as one number (lower runs first), the seconds of a task's run it spent on
 #: files (``io``: off the CPU after it opened its first file), when the

@@ -13,11 +13,15 @@ into:
   it opened its first file), where measured;
 * **client**: of the time before a task's operation, the part before its
   graph reached the scheduler (data an earlier computation made, used by a
-  later one: the client had not submitted the work yet);
+  later one: the client had not submitted the work yet); of the time before a
+  client gathered data, the part after the scheduler saw its task finish
+  (the scheduler telling the client, the client's request, its way to the
+  worker);
 * **scheduling**: from the step's cause to the operation's start, where the
   task's moments were recorded (when the scheduler sent it, when its worker got
   it and could run it): the scheduler's decision, the message and the
-  worker's dispatch;
+  worker's dispatch; before a gather, the worker's message that the task
+  finished;
 * **rescheduled**: of that, for a task the scheduler took back from a worker
   and sent again (a task that raised ``Reschedule``, a P2P shuffle's output
   run once only to pin it to its worker, a task whose worker was lost), the
@@ -242,15 +246,19 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     # The gap before the operation: explained where its moments were recorded.
     requested = store.column("state_requested", dst)
     recorded = ~np.isnan(requested)
-    is_fetch = category == "transfer"
+    gathered = moved & (dst_class == "client")
+    is_fetch = (category == "transfer") & ~gathered
     explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
     queued = np.where(recorded & is_fetch,
                       np.clip(start - np.maximum(requested, src_time), 0.0, explained), 0.0)
-    # Before the graph reached the scheduler, nothing could schedule the operation.
+    # Before the graph reached the scheduler, nothing could schedule the operation;
+    # after the scheduler told a client its data was ready, the client fetched it.
     submitted = store.column("state_submitted", dst)
     client = np.where(recorded & ~np.isnan(submitted),
                       np.clip(np.minimum(submitted, start) - src_time, 0.0, explained - queued),
                       0.0)
+    client = np.where(recorded & gathered,
+                      np.clip(start - np.maximum(requested, src_time), 0.0, explained), client)
     # Sent, taken back and sent again: from its first sending to its last.
     first = store.column("state_first_requested", dst)
     rescheduled = np.where(recorded & ~np.isnan(first), np.clip(

@@ -36,6 +36,7 @@ from crux_dask.plugins.tasks import (
     DONE,
     SENT,
     TASK,
+    Announced,
     Finished,
     Reports,
     Sending,
@@ -212,7 +213,7 @@ class Recorder:
         self.counts["hook_errors"] += 1
         if self.counts["hook_errors"] == 1:
             logger.warning("Crux %s hook failed (further failures are only counted): %r",
-                           where, error)
+                           where, error, exc_info=error)
         self.last_error = f"{where}: {type(error).__name__}: {error}"
 
 
@@ -255,6 +256,9 @@ class Ingest(Recorder):
         What the scheduler recorded of the tasks it sent, until they finish.
     reports : Reports
         The tasks the scheduler saw finish, until their worker reports them.
+    announced : Announced
+        When the scheduler saw the latest tasks finish: the ``requested``
+        moment of the data clients gathered.
     awaiting_files, early_files : dict
         Tasks waiting for the files their worker sizes after their report,
         and files that came before their task; each with when it started
@@ -278,6 +282,7 @@ class Ingest(Recorder):
         self.roots: dict[int, int] = {}
         self.sending = Sending()
         self.reports = Reports()
+        self.announced = Announced()
         self.awaiting_files: dict[tuple[str, Any], tuple[Finished, float]] = {}
         self.early_files: dict[tuple[str, Any], tuple[Any, float]] = {}
         self._soon = False  # a callback that applies the next slice is scheduled
@@ -415,6 +420,7 @@ class Ingest(Recorder):
                         self.sending.record(item)
                     elif kind == DONE:
                         self.reports.done(item, now)
+                        self.announced.done(item)
                     elif kind == TASK:
                         tasks = (scheduler_task(item),)
                     elif kind == TASK_FILES:
@@ -485,6 +491,9 @@ class Ingest(Recorder):
         received, the task would wait for them; in the order things
         happened, most events find what they need (clocks permitting).
         """
+        for part in parts:
+            self.announced.gathers_in(part)
+        self.announced.gathers(events)
         if not parts:
             if events:
                 self.builder.apply_many(_in_time_order(events), now, on_error=refuse)

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 from distributed.utils import key_split_group
 
-from crux_dask.model import file_location
+from crux_dask.columns import TRANSFER, EventColumns
+from crux_dask.model import CLIENT, file_location
 from crux_dask.plugins.protocol import FILES, MOMENTS, REPORT_FIELDS, SHARDS, key_string
 
-__all__ = ["DONE", "SENT", "TASK", "Finished", "Reports", "Sending", "priority_number",
-           "reported_task", "scheduler_task", "task_events"]
+__all__ = ["ANNOUNCED_MAX", "DONE", "SENT", "TASK", "Announced", "Finished", "Reports",
+           "Sending", "priority_number", "reported_task", "scheduler_task", "task_events"]
 
 #: Scales of :func:`priority_number`: a task's order within its graph stays
 #: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
@@ -56,6 +59,8 @@ DONE = "done"
 TASK = "task"
 #: Tasks sent and not reported finished that :class:`Sending` keeps, at most.
 SENDING_MAX = 1_000_000
+#: Finished tasks whose moment :class:`Announced` keeps, at most (the oldest go first).
+ANNOUNCED_MAX = 65_536
 
 
 class Finished(NamedTuple):
@@ -227,6 +232,66 @@ class Reports:
             tasks.append(Finished(join[0], False, where, None, when, when, nbytes, (), None,
                                   None, None, None))
         return tasks
+
+
+class Announced:
+    """When the scheduler saw each task finish, which is when it told the clients
+    waiting for its data.
+
+    A worker records the data a client gathered (a ``transfer`` to
+    :data:`~crux_dask.model.CLIENT`) from its own log of outgoing transfers,
+    which does not say when the client asked.  The scheduler's moment splits the
+    time from the task's end to the gather: before it, the worker's message that
+    the task finished reached the scheduler; after it, the scheduler told the
+    client, the client asked for the data, and its request reached the worker.
+    It becomes the gather's ``requested`` moment.
+
+    Parameters
+    ----------
+    capacity : int
+        How many tasks to keep, the most recently finished: data gathered long
+        after it was made keeps no moment.
+    """
+
+    def __init__(self, capacity: int = ANNOUNCED_MAX) -> None:
+        self.capacity = capacity
+        self._at: OrderedDict[str, float] = OrderedDict()
+
+    def done(self, entry: tuple) -> None:
+        """The scheduler saw a task finish (a :data:`DONE` entry)."""
+        name = key_string(entry[1])
+        at = self._at
+        at[name] = entry[3]
+        at.move_to_end(name)
+        if len(at) > self.capacity:
+            at.popitem(last=False)
+
+    def gathers(self, events: list[tuple]) -> None:
+        """Give the gathers among ``events`` (in place) without a ``requested`` moment
+        the scheduler's moment of their task, where kept."""
+        at = self._at
+        for i, event in enumerate(events):
+            try:
+                if (event[0] == "transfer" and event[3] == CLIENT and len(event) in (7, 8)
+                        and (len(event) == 7 or event[7] is None)
+                        and (moment := at.get(event[1])) is not None):
+                    events[i] = (*event[:7], moment)
+            except (IndexError, TypeError):  # malformed: the builder refuses it
+                continue
+
+    def gathers_in(self, columns: EventColumns) -> None:
+        """Give the gathers in ``columns`` without a ``requested`` moment the scheduler's
+        moment of their task, where kept."""
+        try:
+            client = columns.strings.index(CLIENT)
+        except ValueError:  # no gather in the batch
+            return
+        strings, key, requested, at = columns.strings, columns.key, columns.requested, self._at
+        for row in np.flatnonzero((columns.kind == TRANSFER) & (columns.location == client)
+                                  & np.isnan(requested)):
+            moment = at.get(strings[key[row]])
+            if moment is not None:
+                requested[row] = moment
 
 
 def task_events(task: Finished, roots: Mapping[int, int] | None = None) -> list[tuple]:

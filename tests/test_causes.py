@@ -202,6 +202,31 @@ def test_every_second_of_a_real_collection_has_a_cause(two_by_two, name):
     assert len(path) >= 3
 
 
+def test_the_client_fetching_a_result_is_client_time_from_when_the_scheduler_saw_it(
+        two_by_two):
+    # The worker records the gather, not when the client asked: the scheduler's moment
+    # of the task's end splits the time before it, checked against its own story.
+    client = two_by_two
+    fan_in(4, lambda i: 0.05, name="fetched").compute()
+    path = crux_dask.get_wcp(client)
+    before, last = path.to_frame().iloc[-2], path.to_frame().iloc[-1]
+    assert (last["key"], last["kind"], last["destination"]) == (
+        "fetched-total", "TRANSFER", "client")
+    moments = crux_dask.get_pag(client).moments.set_index("state_id")
+    requested = moments.loc[last["dst"], "requested"]
+    finished = client.run_on_scheduler(lambda dask_scheduler: [
+        at for _, start, finish, *_, at in dask_scheduler.story("fetched-total")
+        if (start, finish) == ("processing", "memory")][-1])
+    assert requested == pytest.approx(finished, abs=0.005)
+    # Each worker converts its times with its own estimate of the scheduler's clock: the
+    # task may seem to end after the scheduler saw it end.
+    assert last["client"] == pytest.approx(last["start"] - max(requested, before["stop"]),
+                                           abs=1e-6)
+    assert last["client"] > 0
+    assert last["wait"] == pytest.approx(0.0, abs=1e-6)
+    check_breakdown(path)
+
+
 # -- the rules, on events built by hand --------------------------------------------
 def test_a_task_runnable_before_its_thread_was_free_waited_for_the_task_before():
     b = PAGBuilder()

@@ -9,11 +9,13 @@ from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
 from crux_dask.build.builder import PAGBuilder
+from crux_dask.codec import encode_batch
+from crux_dask.model import CLIENT, memory_location
 from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import REPORT_FIELDS
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import DONE, SENT, Sending
+from crux_dask.plugins.tasks import DONE, SENT, Announced, Sending
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import tasks_frame
 
@@ -106,6 +108,41 @@ def test_a_late_report_is_waited_for_and_the_tasks_of_a_worker_that_died_are_not
     lost = states[states["key"] == "lost"]  # made when it finished, then gone with its worker
     assert (lost["location"] == f"memory@{B}").all() and lost["time"].tolist() == [4.0, 5.0]
     assert ingest.counts["tasks_unreported"] == 1 and ingest.builder.n_lost == 1
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_a_gather_is_requested_when_the_scheduler_saw_its_task_finish(columns):
+    # The worker records what a client gathered, not when it asked.
+    ingest, _ = new_ingest()
+    ingest.record((DONE, "x", A, 2.5, 8))
+    memory = memory_location(A)
+    batch = [("transfer", "x", memory, CLIENT, 3.0, 3.1, 8),  # gathered
+             ("transfer", "x", memory, CLIENT, 3.2, 3.3, 8, 3.15),  # its moment recorded
+             ("transfer", "x", memory, memory_location(B), 3.4, 3.5, 8)]  # a fetch
+    assert ingest.receive(batch=encode_batch(batch, A, columns=columns),
+                          tasks=msgpack.packb([report("x", 2.0, 2.4)]), source=A)["status"] == "OK"
+    ingest.apply_slice()
+    pag = ingest.builder.pag()
+    moments = pag.states.merge(pag.moments, on="state_id", how="left")
+    copies = moments[moments["time"] > 3.0].sort_values("time")
+    assert copies["location"].tolist() == [CLIENT, CLIENT, memory_location(B)]
+    requested = copies["requested"].tolist()
+    assert requested[:2] == [2.5, 3.15] and requested[2] != requested[2]
+    assert ingest.counts["events_failed"] == 0
+    assert ingest.counts["batches_in_columns"] == columns
+
+
+def test_finished_tasks_are_kept_for_gathers_within_a_bound():
+    announced = Announced(capacity=3)
+    for i in range(5):
+        announced.done((DONE, f"t-{i}", A, float(i), 8))
+    events = [("transfer", f"t-{i}", memory_location(A), CLIENT, 9.0, 9.5, 8) for i in range(5)]
+    events += [("transfer",), ("transfer", ["unhashable"], "m", CLIENT, 1.0, 2.0, 8), None]
+    announced.gathers(events)  # malformed events are left for the builder to refuse
+    assert [event[7] if len(event) == 8 else None for event in events[:5]] == [
+        None, None, 2.0, 3.0, 4.0]
+    assert events[5:] == [("transfer",), ("transfer", ["unhashable"], "m", CLIENT, 1.0, 2.0, 8),
+                          None]
 
 
 def test_sent_tasks_never_reported_are_kept_within_a_bound():

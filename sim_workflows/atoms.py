@@ -55,8 +55,9 @@ def hold_memory(nbytes: int, seconds: float, *inputs: Any) -> int:
 
 
 def write_file(path: str | os.PathLike, nbytes: int, block_size: int = 1 << 20,
-               *inputs: Any) -> str:
-    """Write ``nbytes`` to ``path`` in blocks of ``block_size``, synced; return the path."""
+               *inputs: Any, sync: bool = True) -> str:
+    """Write ``nbytes`` to ``path`` in blocks of ``block_size``, synced to disk unless
+    ``sync`` is false; return the path."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     block = b"\xab" * min(block_size, max(nbytes, 1))
     with open(path, "wb") as f:
@@ -64,8 +65,9 @@ def write_file(path: str | os.PathLike, nbytes: int, block_size: int = 1 << 20,
         while remaining > 0:
             f.write(block[:remaining])
             remaining -= min(remaining, len(block))
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     return str(path)
 
 

@@ -64,6 +64,11 @@ class SimConfig:
         ``tempfiles``: chained runs, each leaving a temporary file for the next.
     data_bytes, rank_bytes, file_bytes : int
         Sizes of stage outputs, of each rank's output, and of files written.
+    sync_files : bool
+        Whether each file written is synced to disk, so that writing it is
+        real I/O.  A sync can stall for up to a second on a busy disk, time that
+        is not part of the work configured: a check of the path against that
+        work turns it off.
     scratch : str
         Directory for the files; a new temporary directory by default.
     """
@@ -88,6 +93,7 @@ class SimConfig:
     data_bytes: int = 1_000_000
     rank_bytes: int = 100_000
     file_bytes: int = 2_000_000
+    sync_files: bool = True
     scratch: str = ""
 
     @classmethod
@@ -181,7 +187,7 @@ class _Builder:
                                  "location": self.location(name)}):
             return dask.delayed(_write, pure=False)(
                 str(self.scratch / name), self.config.file_bytes, seconds, self.kernel,
-                *inputs, dask_key_name=key)
+                self.config.sync_files, *inputs, dask_key_name=key)
 
     def read(self, key: str, written: Any, seconds: float, *inputs: Any) -> Any:
         """A task that reads the file ``written`` produced: a TRANSFER into memory."""
@@ -208,9 +214,10 @@ class _Builder:
             *outputs, dask_key_name=f"{prefix}gather"), f"{prefix}rank-{slowest:03d}"
 
 
-def _write(path: str, nbytes: int, seconds: float, kernel: Callable, *inputs: Any) -> str:
+def _write(path: str, nbytes: int, seconds: float, kernel: Callable, sync: bool,
+           *inputs: Any) -> str:
     kernel(seconds)
-    return atoms.write_file(path, nbytes)
+    return atoms.write_file(path, nbytes, sync=sync)
 
 
 def _read(path: str, seconds: float, kernel: Callable, nbytes: int, *inputs: Any) -> bytes:

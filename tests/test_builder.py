@@ -135,6 +135,22 @@ def test_a_consumer_reported_before_its_input_transfer_waits_for_it():
     assert consumer["src"].tolist() == [moved]
 
 
+def test_a_long_chain_reported_backwards_is_applied_when_its_first_link_comes():
+    # Each task waits for the one before; the first one's arrival applies them all, in
+    # a loop rather than a stack frame per link (sys.getrecursionlimit() is 1,000).
+    b = PAGBuilder()
+    b.root(0.0)
+    n = 3_000
+    for i in reversed(range(1, n)):
+        assert b.compute(f"t-{i}", A, 1, i, i + 0.5, 8, (f"t-{i - 1}",), now=100.0) is None
+    assert b.n_parked == n - 1
+    b.compute("t-0", A, 1, 0, 0.5, 8, ())
+    assert b.n_parked == 0 and b.n_fallbacks == 0
+    _, mutations = rows(b)
+    made = mutations[mutations["kind"] != "DELETE"].set_index("key")
+    assert len(made) == n and made.loc["t-2999", "src"] == made.loc["t-2998", "dst"]
+
+
 def test_an_event_that_waits_again_waits_from_when_it_first_waited():
     # z needs two fetches; after the first it waits for the second, as long as it
     # may wait from when it first did, not given a stand-in at the next look.

@@ -151,6 +151,28 @@ def test_a_long_chain_reported_backwards_is_applied_when_its_first_link_comes():
     assert len(made) == n and made.loc["t-2999", "src"] == made.loc["t-2998", "dst"]
 
 
+def test_a_task_reported_after_its_input_was_released_finds_it_across_a_spool():
+    # The release came in the segment before, the consumer's report in this one: the
+    # released copy is remembered, made once, not held, not a stand-in.
+    first = PAGBuilder()
+    first.root(0.0)
+    first.compute("x", A, 1, 0.5, 1.0, 8, ())
+    first.delete("x", f"memory@{A}", 2.0)
+    first.compute("kept", A, 1, 1.0, 1.2, 8, ())
+    second = PAGBuilder()
+    second.continue_from(first, 3.0)
+    y = second.compute("y", A, 2, 1.5, 1.8, 8, ("x",), now=100.0)
+    z = second.compute("z", A, 2, 1.8, 1.9, 8, ("x",), now=100.0)
+    assert second.n_parked == 0 and second.n_fallbacks == 0
+    states, mutations = rows(second)
+    made = mutations[mutations["kind"] != "DELETE"].set_index("dst")
+    source = made.loc[y, "src"]
+    assert made.loc[z, "src"] == source
+    assert states.loc[source, ["key", "location", "time", "size"]].tolist() == [
+        "x", f"memory@{A}", 1.0, 8]
+    assert "x" not in second.holdings.newest and "kept" in second.holdings.newest
+
+
 def test_an_event_that_waits_again_waits_from_when_it_first_waited():
     # z needs two fetches; after the first it waits for the second, as long as it
     # may wait from when it first did, not given a stand-in at the next look.

@@ -78,7 +78,11 @@ class PAGBuilder:
         The last task computed on each executor thread.
     n_applied, n_fallbacks, n_lost : int
         Events turned into states; inputs that never arrived and were replaced
-        by the best state known; copies released because their worker was lost.
+        by the best state known (in the segments before too); copies released
+        because their worker was lost.
+    released_before : dict
+        The copies the segment before this one released last, by ``(key,
+        location code)``: see :func:`~crux_dask.build.operations.released_before`.
     """
 
     def __init__(self, run_id: str | None = None, max_released: int = 50_000) -> None:
@@ -86,6 +90,7 @@ class PAGBuilder:
         self.holdings = Holdings(store, max_released)
         self.waiting = Waiting()
         self._releasing = False  # applied() is applying what waited
+        self.released_before: dict[tuple[str, int], tuple] = {}
         self.fanout = rules.FanOut()
         self.ends = rules.EndTracker()
         self.roots: set[int] = set()

@@ -9,6 +9,7 @@ the copy's release: the states released last are remembered too.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import numpy as np
@@ -123,6 +124,22 @@ class Holdings:
 
     def released_at(self, key: str, location: int) -> int | None:
         """The state of ``key`` released last at ``location``, among recent releases."""
+        self._catch_up()
+        return self._released.get((key, location))
+
+    def latest_released(self, n: int) -> list[tuple[str, int, int]]:
+        """The ``n`` copies released last, newest first: ``(key, location, state)`` each."""
+        self._catch_up()
+        return [(key, location, state) for (key, location), state
+                in itertools.islice(reversed(self._released.items()), n)]
+
+    def released_elsewhere(self, key: str, location: int, state: int) -> None:
+        """Remember ``state`` as the copy of ``key`` released last at ``location``, its
+        release being in another graph (a segment spooled before this one)."""
+        self._released[(key, location)] = state
+
+    def _catch_up(self) -> None:
+        """Index the releases made since the last lookup."""
         store = self.store
         start, stop = self._released_upto, store.n_mutations
         if start < stop:
@@ -134,7 +151,6 @@ class Holdings:
                 deletes = (start + np.flatnonzero(store.column(
                     "mutation_kind", np.arange(start, stop)) == _DELETE)).tolist()
             self._index_releases(deletes)
-        return self._released.get((key, location))
 
     def _index_releases(self, deletes: list[int]) -> None:
         """Remember the states that the DELETE mutations ``deletes`` released."""

@@ -18,7 +18,7 @@ from crux_dask.events import Compute
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
 
-__all__ = ["WAITS", "freed_by", "held", "missing", "unheld"]
+__all__ = ["WAITS", "freed_by", "held", "missing", "released_at", "unheld"]
 
 #: Locations whose data Dask reports itself, so a missing state is worth waiting for.
 AWAITED = ("memory@", "disk@")
@@ -38,7 +38,7 @@ def missing(builder: PAGBuilder, key: str, location: int, event: Any, now: float
 
     Returns the state to use, or ``None`` if the event now waits for it.
     """
-    released = builder.holdings.released_at(key, location)
+    released = released_at(builder, key, location)
     if released is not None:
         return released
     store = builder.store
@@ -55,6 +55,15 @@ def missing(builder: PAGBuilder, key: str, location: int, event: Any, now: float
     return operations.unreported(builder, key, location, created)
 
 
+def released_at(builder: PAGBuilder, key: str, location: int) -> int | None:
+    """The copy of ``key`` released last at ``location``, in this segment or, shortly
+    before it was spooled, in the one before."""
+    released = builder.holdings.released_at(key, location)
+    if released is None and builder.released_before:
+        released = operations.released_before(builder, key, location)
+    return released
+
+
 def freed_by(builder: PAGBuilder, e: Compute, event: Any, now: float) -> int | None:
     """The state of the task whose completion freed ``e``'s queue slot.
 
@@ -67,7 +76,7 @@ def freed_by(builder: PAGBuilder, e: Compute, event: Any, now: float) -> int | N
     where = builder.places.memory_of(e.released_on)
     state = builder.holdings.at(e.released_by, where)
     if state is None:
-        state = builder.holdings.released_at(e.released_by, where)
+        state = released_at(builder, e.released_by, where)
     if state is None and builder.resolving is not event:
         builder.waiting.park((e.released_by, where), event, now)
         return WAITS

@@ -24,10 +24,16 @@ from crux_dask.model import (
 
 if TYPE_CHECKING:
     from crux_dask.build.builder import PAGBuilder
+    from crux_dask.store import PAGStore
 
-__all__ = ["continue_from", "external", "file_access", "lose", "unreported"]
+__all__ = ["RELEASES_CARRIED", "continue_from", "external", "file_access", "lose",
+           "released_before", "unreported"]
 
 _TRANSFER, _APPEND = int(MutationKind.TRANSFER), int(MutationKind.APPEND)
+#: The copies released last that a new segment remembers of the one spooled before it:
+#: workers report on their own schedule, so a task may be reported after its input's
+#: release, with a spool between the two.
+RELEASES_CARRIED = 8192
 
 
 def external(builder: PAGBuilder, kind: str, sources: Sequence[int], key: str, label: str,
@@ -161,7 +167,8 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
 
     Used when a graph is spooled to disk and recording goes on in a new
     segment: later events about data made before still find a state.
-    Waiting events and the shuffles under way move over too.  Returns how many states carried over.
+    Waiting events and the shuffles under way move over too, and the copies
+    released last are remembered (:func:`released_before`).  Returns how many states carried over.
     """
     old, store, places = previous.store, builder.store, builder.places
     root = builder.root(time, "continued")
@@ -174,12 +181,40 @@ def continue_from(builder: PAGBuilder, previous: PAGBuilder, time: float) -> int
         builder.new_state(key, places.code(old.locations.values[old.state_location[sid]]),
                           None, None, old.state_size[sid], moment, moment, moment, (root,),
                           _APPEND, 0.0)
+    builder.released_before = {
+        (name, places.code(old.locations.values[where])): _carried(old, sid, root)
+        for name, where, sid in previous.holdings.latest_released(RELEASES_CARRIED)}
     builder.waiting.adopt(previous.waiting, lambda slot: (
         slot[0], places.code(old.locations.values[slot[1]])))
     builder.writes_waiting = previous.writes_waiting
+    builder.n_fallbacks += previous.n_fallbacks  # a count of the whole run
     builder.shuffles.adopt(previous.shuffles,
                            lambda location: places.code(old.locations.values[location]))
     return len(carried)
+
+
+def _carried(store: PAGStore, sid: int, root: int) -> tuple[str, str, int, float, int]:
+    """What :func:`released_before` needs of state ``sid`` of ``store``: its key's label
+    and origin, its size and time, and the root it appears from in the next segment."""
+    code = store.state_key[sid]
+    return (store.labels.values[store.key_label[code]],
+            store.labels.values[store.key_origin[code]], store.state_size[sid],
+            store.state_time[sid], root)
+
+
+def released_before(builder: PAGBuilder, key: str, location: int) -> int | None:
+    """The copy of ``key`` at ``location`` that the segment before this one released
+    shortly before it was spooled, made in this one (appearing from the root it
+    continues from, not held), if there was one: an event reported after the
+    release needs it.  Made once, it is found among this segment's releases."""
+    carried = builder.released_before.pop((key, location), None)
+    if carried is None:
+        return None
+    label, origin, size, moment, root = carried
+    sid = builder.new_state(builder.store.key_code(key, label, origin), location, None, None,
+                            size, moment, moment, moment, (root,), _APPEND, 0.0, held=False)
+    builder.holdings.released_elsewhere(key, location, sid)
+    return sid
 
 
 def unreported(builder: PAGBuilder, key: str, location: int, created: float | None,

@@ -31,9 +31,11 @@ def format_path(path: CriticalPath, max_key: int = 40) -> str:
         destination=frame["destination"].map(_short_location),
         at=(frame["stop"] - t0).round(3),
         busy=(frame["busy"] + frame["io"]).round(3),
+        client=frame["client"].round(3),
         sched=(frame["scheduling"] + frame["rescheduled"] + frame["queued"]).round(3),
         wait=frame["wait"].round(3),
-    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "sched", "wait"]]
+    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "client", "sched",
+       "wait"]]
     return f"{table.to_string(index=False)}\n\n{path.summary()}"
 
 

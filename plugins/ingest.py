@@ -419,8 +419,7 @@ class Ingest(Recorder):
                     if kind == SENT:
                         self.sending.record(item)
                     elif kind == DONE:
-                        self.reports.done(item, now)
-                        self.announced.done(item)
+                        self.announced.done(self.reports.done(item, now), item[3])
                     elif kind == TASK:
                         tasks = (scheduler_task(item),)
                     elif kind == TASK_FILES:

@@ -201,11 +201,12 @@ class Reports:
         # (key string, worker) -> when a report came before its DONE
         self.early: dict[tuple[str, Any], float] = {}
 
-    def done(self, entry: tuple, now: float) -> None:
-        """The scheduler saw a task finish (a :data:`DONE` entry)."""
+    def done(self, entry: tuple, now: float) -> str:
+        """The scheduler saw a task finish (a :data:`DONE` entry); its key as a string."""
         join = (key_string(entry[1]), entry[2])
         if self.early.pop(join, None) is None:
             self.awaited[join] = (entry, now)
+        return join[0]
 
     def reported(self, task: Finished, now: float) -> None:
         """``task``'s worker reported it."""
@@ -257,11 +258,10 @@ class Announced:
         self.capacity = capacity
         self._at: OrderedDict[str, float] = OrderedDict()
 
-    def done(self, entry: tuple) -> None:
-        """The scheduler saw a task finish (a :data:`DONE` entry)."""
-        name = key_string(entry[1])
+    def done(self, name: str, moment: float) -> None:
+        """The scheduler saw the task of key string ``name`` finish at ``moment``."""
         at = self._at
-        at[name] = entry[3]
+        at[name] = moment
         at.move_to_end(name)
         if len(at) > self.capacity:
             at.popitem(last=False)
@@ -272,8 +272,8 @@ class Announced:
         at = self._at
         for i, event in enumerate(events):
             try:
-                if (event[0] == "transfer" and event[3] == CLIENT and len(event) in (7, 8)
-                        and (len(event) == 7 or event[7] is None)
+                if (event[0] == "transfer" and event[3] == CLIENT
+                        and (len(event) == 7 or (len(event) == 8 and event[7] is None))
                         and (moment := at.get(event[1])) is not None):
                     events[i] = (*event[:7], moment)
             except (IndexError, TypeError):  # malformed: the builder refuses it

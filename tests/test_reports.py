@@ -135,14 +135,15 @@ def test_a_gather_is_requested_when_the_scheduler_saw_its_task_finish(columns):
 def test_finished_tasks_are_kept_for_gathers_within_a_bound():
     announced = Announced(capacity=3)
     for i in range(5):
-        announced.done((DONE, f"t-{i}", A, float(i), 8))
+        announced.done(f"t-{i}", float(i))
     events = [("transfer", f"t-{i}", memory_location(A), CLIENT, 9.0, 9.5, 8) for i in range(5)]
-    events += [("transfer",), ("transfer", ["unhashable"], "m", CLIENT, 1.0, 2.0, 8), None]
+    events += [("transfer",), ("transfer", ["unhashable"], "m", CLIENT, 1.0, 2.0, 8), None,
+               ("transfer", "t-4", "m", CLIENT, 1.0)]  # too short: not given a moment
     announced.gathers(events)  # malformed events are left for the builder to refuse
     assert [event[7] if len(event) == 8 else None for event in events[:5]] == [
         None, None, 2.0, 3.0, 4.0]
     assert events[5:] == [("transfer",), ("transfer", ["unhashable"], "m", CLIENT, 1.0, 2.0, 8),
-                          None]
+                          None, ("transfer", "t-4", "m", CLIENT, 1.0)]
 
 
 def test_sent_tasks_never_reported_are_kept_within_a_bound():

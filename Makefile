@@ -20,8 +20,16 @@ $(BIN)/activate: pyproject.toml
 demo: $(BIN)/activate
 	$(BIN)/crux-dask demo
 
-test: $(BIN)/activate
+test: $(BIN)/activate $(VENV)/.distributed-tests
 	$(BIN)/python -m pytest
+
+# The files of distributed's own tests that tests/test_compat.py runs, put into the
+# installed package unless a copy of the suite is there already.
+$(VENV)/.distributed-tests: $(BIN)/activate
+	if ! $(BIN)/python -c "import importlib.util as u, sys; \
+		sys.exit(u.find_spec('distributed.tests.test_worker') is None)"; then \
+		bash third_party/distributed-tests/install $(BIN)/python; fi
+	touch $@
 
 lint: $(BIN)/activate
 	$(BIN)/ruff check .

@@ -7,8 +7,9 @@ scheduler and worker through dask's configuration, in a subprocess.  A test
 that fails is run again without Crux: only a test that passes without Crux
 and fails with it is a failure here.
 
-Skipped when distributed's tests are not installed (its wheel leaves them
-out; ``.ci/run`` installs them from ``$DISTRIBUTED_TESTS`` when that is set).
+distributed's wheel leaves its tests out: ``make test`` installs the files
+this runs from ``third_party/distributed-tests`` unless a copy of the suite is
+installed already, and the test is skipped where neither was done.
 """
 
 from __future__ import annotations

@@ -252,6 +252,21 @@ def collections_so_far(dask_scheduler: Any = None, dask_worker: Any = None
     return {}
 
 
+def scheduler_activity(dask_scheduler: Any) -> dict[str, int]:
+    """What the scheduler did so far that the timing of the workers can change: its
+    transitions, and the tasks its work stealing moved."""
+    stealing = dask_scheduler.extensions.get("stealing")
+    return {"transitions": dask_scheduler.transition_counter,
+            "steals": getattr(stealing, "count", 0)}
+
+
+def worker_activity(dask_worker: Any) -> dict[str, int]:
+    """The batches of messages this worker sent the scheduler so far, and the messages in
+    them: each batch costs the scheduler a read and a decoding."""
+    stream = dask_worker.batched_stream
+    return {"batches": stream.batch_count, "messages": stream.message_count}
+
+
 #: Run at start-up of the ``crux-other`` processes: forget the finder of an
 #: editable install of crux_dask, so that the other version is imported.
 _DROP_EDITABLE_FINDER = """import sys
@@ -363,12 +378,18 @@ class Cluster:
                 sum(seconds(p) for p in helpers))
 
     def collections(self) -> tuple[dict[str, float], dict[str, float]]:
-        """The garbage collections so far: the scheduler's, and all workers' together."""
+        """The garbage collections so far, and their activity (:func:`scheduler_activity`,
+        :func:`worker_activity`): the
+        scheduler's, and all workers' together."""
         workers: dict[str, float] = {}
         for counts in self.client.run(collections_so_far).values():
             for name, value in counts.items():
                 workers[name] = workers.get(name, 0) + value
-        return self.client.run_on_scheduler(collections_so_far), workers
+        for counts in self.client.run(worker_activity).values():
+            for name, value in counts.items():
+                workers[name] = workers.get(name, 0) + value
+        return ({**self.client.run_on_scheduler(collections_so_far),
+                 **self.client.run_on_scheduler(scheduler_activity)}, workers)
 
     def settle(self) -> None:
         """Wait until the scheduler holds no task and every event Crux recorded is applied.
@@ -640,6 +661,11 @@ def report(args: argparse.Namespace, results: dict) -> None:
                 f"{median_of(results[name][c], f'{process} full'):.0f}; "
                 f"{median_of(results[name][c], f'{process} seconds'):.3f} s"
                 for process in ("scheduler", "workers")) for c in medians))
+        print("  activity, medians (the scheduler's transitions and steals; the workers' "
+              "batches to the scheduler and messages in them): " + "; ".join(
+                  f"{c} " + ", ".join(f"{median_of(results[name][c], key):.0f}" for key in (
+                      "scheduler transitions", "scheduler steals", "workers batches",
+                      "workers messages")) for c in medians))
         rounds = {c: [(r["scheduler"] / b["scheduler"], r["workers"] / b["workers"])
                       for r, b in zip(results[name][c], results[name]["none"], strict=True)]
                   for c in medians if c != "none"}

@@ -3,7 +3,7 @@
 ``overhead.py`` measures all that Crux costs, in CPU seconds side by side, which
 vary by a few per cent from round to round; ``own_share.py`` the share of
 samples that fall in Crux's frames.  This measures the hooks alone, for each
-kind of transition, with little noise: a cluster in this process (a scheduler
+kind of transition: a cluster in this process (a scheduler
 and two workers of one thread, Crux attached) runs ``overhead.py``'s graph of
 tiny tasks, and every call of the scheduler's and the workers' transition hook
 is timed with the CPU clock of its thread (:func:`time.thread_time`: what other
@@ -14,7 +14,10 @@ that no hook is charged with a collection its allocations happened to start.
 
 A hook costs several times here what the same code costs in a loop
 (``timeit``): between two calls distributed's own work takes its code and data
-out of the processor's caches.
+out of the processor's caches.  The cost of a call moves with the machine's
+load, as any CPU time does (by a third between two runs while other work ran);
+the hooks' share of the process's CPU moves much less: compare shares, or runs
+made one after the other on a quiet machine.
 
 Usage: ``python benchmarks/hook_cost.py [--tasks N] [--repeats N]``
 """

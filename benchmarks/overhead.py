@@ -377,10 +377,10 @@ class Cluster:
                 sum(seconds(p) for p in self.worker_processes),
                 sum(seconds(p) for p in helpers))
 
-    def collections(self) -> tuple[dict[str, float], dict[str, float]]:
-        """The garbage collections so far, and their activity (:func:`scheduler_activity`,
-        :func:`worker_activity`): the
-        scheduler's, and all workers' together."""
+    def counters(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The garbage collections so far, and the work counted by
+        :func:`scheduler_activity` and :func:`worker_activity`: the scheduler's, and all
+        workers' together."""
         workers: dict[str, float] = {}
         for counts in self.client.run(collections_so_far).values():
             for name, value in counts.items():
@@ -419,7 +419,7 @@ class Cluster:
 
     def begin(self) -> tuple[Any, tuple[float, float, float]]:
         """What :meth:`end` counts from: the garbage collections and CPU seconds so far."""
-        return self.collections(), self.cpu()
+        return self.counters(), self.cpu()
 
     def end(self, begun: tuple[Any, tuple[float, float, float]], wall: float
             ) -> dict[str, float]:
@@ -431,7 +431,7 @@ class Cluster:
         result = {"wall": wall, "scheduler": after[0] - before[0],
                   "workers": after[1] - before[1], "helpers": after[2] - before[2]}
         for process, (old, new) in zip(("scheduler", "workers"),
-                                       zip(collected, self.collections(), strict=True),
+                                       zip(collected, self.counters(), strict=True),
                                        strict=True):
             result.update({f"{process} {name}": new[name] - old[name] for name in new})
         return result

@@ -19,15 +19,24 @@ load, as any CPU time does (by a third between two runs while other work ran);
 the hooks' share of the process's CPU moves much less: compare shares, or runs
 made one after the other on a quiet machine.
 
-Usage: ``python benchmarks/hook_cost.py [--tasks N] [--repeats N]``
+``--compare-with DIR`` measures the Crux in ``DIR`` too (an importable
+``crux_dask`` package, as ``overhead.py`` takes it), each run in a process of
+its own, the two versions alternating, and prints each kind's cost in both and
+their ratio: a change to a hook, measured against the code before it.
+
+Usage: ``python benchmarks/hook_cost.py [--tasks N] [--repeats N] [--compare-with DIR]``
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -103,36 +112,99 @@ def measure(tasks: int) -> tuple[Timings, float]:
     return dict(timings), process
 
 
+def medians(runs: list[tuple[Timings, float]], cost: float
+            ) -> tuple[dict[tuple[str, str, str], tuple[float, float]], float]:
+    """For each kind of transition, the median calls and net CPU seconds over ``runs``
+    (``cost`` taken off each call); and the median CPU seconds of the process."""
+    kinds = {kind for timings, _ in runs for kind in timings}
+    table = {}
+    for kind in kinds:
+        entries = [t.get(kind, [0, 0.0]) for t, _ in runs]
+        table[kind] = (statistics.median(n for n, _ in entries),
+                       statistics.median(max(sec - n * cost, 0.0) for n, sec in entries))
+    return table, statistics.median(p for _, p in runs)
+
+
+def measured_apart(tasks: int, other: Path | None) -> tuple[Timings, float]:
+    """:func:`measure` in a process of its own, of the Crux in ``other`` if given."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    with tempfile.TemporaryDirectory() as workdir:
+        if other is not None:  # ahead of an editable install's own finder
+            site = Path(workdir)
+            (site / "sitecustomize.py").write_text(overhead._DROP_EDITABLE_FINDER)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(site), str(other), *filter(None, [os.environ.get("PYTHONPATH")])])
+        out = subprocess.run([sys.executable, __file__, "--one", "--tasks", str(tasks)],
+                             env=env, cwd=workdir, check=True, capture_output=True,
+                             text=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {tuple(k.split("|")): v for k, v in result["timings"].items()}, result["process"]
+
+
+def print_table(table: dict, process: float, cost: float, tasks: int, repeats: int) -> None:
+    print(f"{tasks:,} tiny tasks, a scheduler and 2 workers of one thread in one "
+          f"process; medians of {repeats} runs; timing a call costs "
+          f"{cost * 1e6:.2f} µs, taken off")
+    print(f"  {'hook':<10} {'transition':<26} {'calls':>7} {'µs a call':>10} {'ms in all':>10}")
+    for (side, start, finish), (calls, seconds) in sorted(
+            table.items(), key=lambda item: -item[1][1]):
+        per_call = seconds / calls * 1e6 if calls else 0.0
+        print(f"  {side:<10} {start + ' -> ' + finish:<26} {calls:>7.0f} "
+              f"{per_call:>10.2f} {seconds * 1e3:>10.2f}")
+    for side in ("scheduler", "worker"):
+        seconds = sum(sec for kind, (_, sec) in table.items() if kind[0] == side)
+        print(f"  {side} hooks in all: {seconds * 1e3:.1f} ms")
+    total = sum(sec for _, sec in table.values())
+    print(f"  all hooks: {total * 1e3:.1f} ms = {total / process:.2%} of the process's "
+          f"{process:.2f} CPU s (the scheduler's, the workers' and the client's)")
+
+
+def print_comparison(this: dict, other: dict, cost: float, tasks: int,
+                     repeats: int) -> None:
+    print(f"{tasks:,} tiny tasks; medians of {repeats} runs of each version, alternating; "
+          f"timing a call costs {cost * 1e6:.2f} µs, taken off")
+    print(f"  {'hook':<10} {'transition':<26} {'µs a call':>10} {'other':>8} {'/ other':>8}")
+    for kind in sorted(this, key=lambda k: -this[k][1]):
+        calls, seconds = this[kind]
+        other_calls, other_seconds = other.get(kind, (0, 0.0))
+        mine = seconds / calls * 1e6 if calls else 0.0
+        theirs = other_seconds / other_calls * 1e6 if other_calls else 0.0
+        ratio = f"{mine / theirs:.3f}" if theirs else "-"
+        side, start, finish = kind
+        print(f"  {side:<10} {start + ' -> ' + finish:<26} {mine:>10.2f} {theirs:>8.2f} "
+              f"{ratio:>8}")
+    for side in ("scheduler", "worker"):
+        mine = sum(sec for kind, (_, sec) in this.items() if kind[0] == side)
+        theirs = sum(sec for kind, (_, sec) in other.items() if kind[0] == side)
+        print(f"  {side} hooks in all: {mine * 1e3:.1f} ms, other {theirs * 1e3:.1f} ms"
+              + (f" ({mine / theirs:.3f})" if theirs else ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compare-with", type=Path, default=None)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one:  # one run, for a parent process: its timings as JSON
+        timings, process = measure(args.tasks)
+        print(json.dumps({"timings": {"|".join(k): v for k, v in timings.items()},
+                          "process": process}))
+        return
     cost = statistics.median(timing_cost() for _ in range(3))
-    runs = [measure(args.tasks) for _ in range(args.repeats)]
-    kinds = sorted({kind for timings, _ in runs for kind in timings})
-    net = {kind: [max(t[kind][1] - t[kind][0] * cost, 0.0) if kind in t else 0.0
-                  for t, _ in runs] for kind in kinds}
-    calls = {kind: statistics.median(t.get(kind, [0, 0.0])[0] for t, _ in runs)
-             for kind in kinds}
-    process = statistics.median(p for _, p in runs)
-    print(f"{args.tasks:,} tiny tasks, a scheduler and 2 workers of one thread in one "
-          f"process; medians of {args.repeats} runs; timing a call costs "
-          f"{cost * 1e6:.2f} µs, taken off")
-    print(f"  {'hook':<10} {'transition':<26} {'calls':>7} {'µs a call':>10} {'ms in all':>10}")
-    total = 0.0
-    for kind in sorted(kinds, key=lambda k: -statistics.median(net[k])):
-        seconds = statistics.median(net[kind])
-        total += seconds
-        side, start, finish = kind
-        per_call = seconds / calls[kind] * 1e6 if calls[kind] else 0.0
-        print(f"  {side:<10} {start + ' -> ' + finish:<26} {calls[kind]:>7.0f} "
-              f"{per_call:>10.2f} {seconds * 1e3:>10.2f}")
-    for side in ("scheduler", "worker"):
-        seconds = sum(statistics.median(net[k]) for k in kinds if k[0] == side)
-        print(f"  {side} hooks in all: {seconds * 1e3:.1f} ms")
-    print(f"  all hooks: {total * 1e3:.1f} ms = {total / process:.2%} of the process's "
-          f"{process:.2f} CPU s (the scheduler's, the workers' and the client's)")
+    if args.compare_with is None:
+        table, process = medians([measure(args.tasks) for _ in range(args.repeats)], cost)
+        print_table(table, process, cost, args.tasks, args.repeats)
+        return
+    runs: dict[str, list[tuple[Timings, float]]] = {"this": [], "other": []}
+    for i in range(2 * args.repeats):
+        version = ("this", "other")[i % 2] if i // 2 % 2 == 0 else ("other", "this")[i % 2]
+        runs[version].append(measured_apart(
+            args.tasks, args.compare_with.resolve() if version == "other" else None))
+    this, _ = medians(runs["this"], cost)
+    other, _ = medians(runs["other"], cost)
+    print_comparison(this, other, cost, args.tasks, args.repeats)
 
 
 if __name__ == "__main__":

@@ -150,7 +150,8 @@ class CruxWorkerPlugin(WorkerPlugin):
         self.reports: list[bytes] = []
         self._packer = msgpack.Packer(default=repr)
         # Tasks that reached this worker, to report when they finish: key ->
-        # [when they arrived, when their inputs were all here].
+        # [when they arrived, when their inputs were all here, the scheduler delay
+        # as the task started (the clock its start and stop are in)].
         self._moments: dict[Any, list] = {}
         self.seq = 0
         self.counts = dict.fromkeys(
@@ -162,7 +163,6 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._deletes = bool(self.capture.get("deletes", True))
         self._flight_start: dict[Any, tuple[str | None, float]] = {}
         self._requested: dict[Any, float] = {}  # key -> when this worker asked for it
-        self._delays: dict[Any, float] = {}  # key -> the scheduler delay as it started
         self._on_disk: set[Any] = set()
         self._sending: asyncio.Future | None = None
         self._spill_hooks: list[tuple[list, Any]] = []
@@ -276,14 +276,16 @@ class CruxWorkerPlugin(WorkerPlugin):
                     self._released(key)
             elif finish == "executing":
                 if self.files is not None:  # the clock the task's start and stop are in
-                    self._delays[key] = self.worker.scheduler_delay
+                    moments = self._moments.get(key)
+                    if moments is not None:
+                        moments[2] = self.worker.scheduler_delay
             elif finish == "ready":  # all inputs here: runnable from now on
                 moments = self._moments.get(key)
                 if moments is not None:
                     moments[1] = self._now()
             elif start == "released":
                 if finish == "waiting":  # the task reached this worker: it reports it
-                    self._moments[key] = [self._now(), None]
+                    self._moments[key] = [self._now(), None, None]
                     self.worker.state.tasks[key].metadata[REPORTED] = 1
                 elif finish == "fetch":
                     self._requested.setdefault(key, self._now())
@@ -294,10 +296,8 @@ class CruxWorkerPlugin(WorkerPlugin):
                 self._moments.pop(key, None)
                 self._flight_start.pop(key, None)
                 self._requested.pop(key, None)
-                if self.files is not None:
-                    self._delays.pop(key, None)
-                    if key in self.files.by_task:
-                        self.files.forget(key)
+                if self.files is not None and key in self.files.by_task:
+                    self.files.forget(key)
                 if self.shards is not None and key in self.shards.by_task:
                     self.shards.forget(key)
         except Exception as error:
@@ -310,7 +310,6 @@ class CruxWorkerPlugin(WorkerPlugin):
         worker = self.worker
         ts = worker.state.tasks.get(key)
         files = self.files
-        delay = self._delays.pop(key, None) if files is not None else None
         if ts is None:
             return
         start = stop = None
@@ -324,6 +323,7 @@ class CruxWorkerPlugin(WorkerPlugin):
         if files is not None and key in files.by_task:
             # The stop is in the scheduler's clock as the worker estimated it when the
             # task started: a heartbeat since may have moved the estimate by milliseconds.
+            delay = moments[2]
             opened = self._files_done(key, key_string(key), stop - (
                 worker.scheduler_delay if delay is None else delay))
             if opened is not None:
@@ -331,7 +331,7 @@ class CruxWorkerPlugin(WorkerPlugin):
                 # transition has just made (it holds the same dict).
                 metadata = ts.metadata
                 metadata.pop(REPORTED, None)
-                metadata[MOMENTS] = tuple(moments)  # as the scheduler's copy will hold them
+                metadata[MOMENTS] = tuple(moments[:2])  # as the scheduler's copy will hold them
                 metadata[FILES] = opened
                 if made is not None:
                     metadata[SHARDS] = made

@@ -249,16 +249,17 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     gathered = moved & (dst_class == "client")
     is_fetch = (category == "transfer") & ~gathered
     explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
-    queued = np.where(recorded & is_fetch,
-                      np.clip(start - np.maximum(requested, src_time), 0.0, explained), 0.0)
+    # From the request to the start: a fetch waiting for its worker's transfer
+    # capacity; a gather, the client told its data was ready and fetching it.
+    after_request = np.clip(start - np.maximum(requested, src_time), 0.0, explained)
+    queued = np.where(recorded & is_fetch, after_request, 0.0)
     # Before the graph reached the scheduler, nothing could schedule the operation;
     # after the scheduler told a client its data was ready, the client fetched it.
     submitted = store.column("state_submitted", dst)
     client = np.where(recorded & ~np.isnan(submitted),
                       np.clip(np.minimum(submitted, start) - src_time, 0.0, explained - queued),
                       0.0)
-    client = np.where(recorded & gathered,
-                      np.clip(start - np.maximum(requested, src_time), 0.0, explained), client)
+    client = np.where(recorded & gathered, after_request, client)
     # Sent, taken back and sent again: from its first sending to its last.
     first = store.column("state_first_requested", dst)
     rescheduled = np.where(recorded & ~np.isnan(first), np.clip(

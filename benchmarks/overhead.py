@@ -65,6 +65,14 @@ weigh that much more against those that come per task than in a run alone.
 transition costs, and what this method of measuring makes of a plugin that
 costs nothing else.
 
+``--quiet-hooks`` adds Crux with its transition hooks, on the scheduler and on
+every worker, replaced by functions that do nothing (``crux-quiet``):
+everything else of Crux runs -- its graph process, the workers' periodic
+sends, the watching of files, spill and shuffles, the dashboard.  With
+``--empty``, the rounds split what Crux costs into being called for every
+transition (``empty``), the rest of its machinery (``crux-quiet`` over
+``empty``) and the work its hooks do (``crux`` over ``crux-quiet``).
+
 ``--compare-with DIR`` adds a configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
 package in ``DIR`` (put first on the processes' ``PYTHONPATH``), to compare
@@ -74,7 +82,8 @@ Crux, unless ``--compare-with`` is given too): ``crux-dask.capture.files=False``
 measures what recording the files tasks open costs.
 
 Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
-[--rows N] [--array N] [--workloads W ...] [--together] [--empty] [--compare-with DIR]
+[--rows N] [--array N] [--workloads W ...] [--together] [--empty] [--quiet-hooks]
+[--compare-with DIR]
 [--other-config KEY=VALUE ...] [--json FILE]``
 """
 
@@ -100,6 +109,8 @@ from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 CONFIGS = ("none", "task-stream", "crux")
+#: The configurations added on demand (``--empty``, ``--quiet-hooks``, ``--compare-with``).
+EXTRA_CONFIGS = ("empty", "crux-quiet", "crux-other")
 WORKLOADS = ("tiny", "shuffle", "array")
 TARGET = 1.02
 
@@ -204,6 +215,22 @@ async def add_empty_worker(dask_worker: Any) -> None:
     await dask_worker.plugin_add(EmptyWorkerPlugin(), name="empty")
 
 
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """What Crux's transition hooks are replaced by in ``crux-quiet``."""
+    return None
+
+
+def quiet_hooks(dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
+    """Replace the transition hook of this process's Crux plugin by :func:`do_nothing`
+    (an attribute of the plugin itself, which distributed finds before its method)."""
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    plugin = server.plugins.get("crux")
+    if plugin is None:
+        return False
+    plugin.transition = do_nothing
+    return True
+
+
 def has_plugin(name: str, dask_scheduler: Any = None, dask_worker: Any = None) -> bool:
     server = dask_scheduler if dask_scheduler is not None else dask_worker
     return name in server.plugins
@@ -281,7 +308,7 @@ class Cluster:
     Parameters
     ----------
     config : str
-        One of :data:`CONFIGS`, ``empty`` or ``crux-other``.
+        One of :data:`CONFIGS`, ``empty``, ``crux-quiet`` or ``crux-other``.
     other : Path, optional
         For ``crux-other``: the folder the other version of ``crux_dask`` is in.
     other_config : dict, optional
@@ -351,6 +378,10 @@ class Cluster:
         if any(crux) != self.crux or (self.crux and not all(crux)):
             self.close()
             raise RuntimeError(f"Crux on the scheduler and workers: {crux} in {config!r}")
+        if config == "crux-quiet" and not (self.client.run_on_scheduler(quiet_hooks)
+                                           and all(self.client.run(quiet_hooks).values())):
+            self.close()
+            raise RuntimeError("Crux's hooks could not be replaced on every process")
         pid = self.client.run_on_scheduler(os.getpid)
         worker_pids = sorted(self.client.run(os.getpid).values())
         if pid != self.scheduler.pid or worker_pids != sorted(w.pid for w in self.workers):
@@ -485,6 +516,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
     """Every measurement: ``results[workload][config]`` is one dict per round."""
     chosen = workloads(args)
     configs = CONFIGS + (("empty",) if args.empty else ()) + (
+        ("crux-quiet",) if args.quiet_hooks else ()) + (
         ("crux-other",) if args.compare_with or args.other_config else ())
     results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
     crux_rounds: dict[str, list[dict[str, Any]]] = {w: [] for w in chosen}
@@ -634,7 +666,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
               f"{'graph process CPU s':>20}")
         medians = {c: {m: statistics.median(r.get(m, 0.0) for r in results[name][c])
                        for m in ("wall", "scheduler", "workers", "helpers")}
-                   for c in results[name] if c in (*CONFIGS, "empty", "crux-other")}
+                   for c in results[name] if c in (*CONFIGS, *EXTRA_CONFIGS)}
         base = medians["none"]
         for config, m in medians.items():
             print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
@@ -704,6 +736,13 @@ def report(args: argparse.Namespace, results: dict) -> None:
                       f"{crux['workers'] / other['workers']:.3f}; each round: scheduler "
                       + " ".join(f"{a:.3f}" for a, _ in pairs) + "; workers "
                       + " ".join(f"{b:.3f}" for _, b in pairs))
+            if "crux-quiet" in medians:
+                pairs = [(r["scheduler"] / q["scheduler"], r["workers"] / q["workers"])
+                         for r, q in zip(results[name]["crux"], results[name]["crux-quiet"],
+                                         strict=True)]
+                print("  crux / crux-quiet (the work of Crux's hooks), geometric means of the "
+                      f"rounds: scheduler {statistics.geometric_mean(a for a, _ in pairs):.3f}"
+                      f" workers {statistics.geometric_mean(b for _, b in pairs):.3f}")
             ok = all(statistics.geometric_mean(ratio[i] for ratio in rounds["crux"]) <= TARGET
                      for i in (0, 1))
             print(f"  target crux <= +{(TARGET - 1) * 100:.0f} % scheduler and workers CPU "
@@ -734,6 +773,8 @@ def main(argv: list[str] | None = None) -> None:
                              "(see above)")
     parser.add_argument("--empty", action="store_true",
                         help="add a configuration of plugins whose hooks do nothing")
+    parser.add_argument("--quiet-hooks", action="store_true",
+                        help="add Crux with transition hooks that do nothing (crux-quiet)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     results = run(args)

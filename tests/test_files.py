@@ -304,9 +304,13 @@ async def test_a_heartbeat_during_the_task_leaves_its_seconds_on_files_as_they_w
     await crux_dask.flush(c)
     pag = await crux_dask.get_pag(c)
     readers = pag.states.index[pag.states["key"] == "reader"]
-    (io,) = pag.moments.set_index("state_id")["io"].reindex(readers).dropna()
-    assert 0 < io <= waited
-    assert io < 0.25  # a 10-byte read, not the clock's move
+    (task,) = pag.moments.set_index("state_id").reindex(readers).dropna(
+        subset=["io"]).itertuples()
+    assert 0 < task.io <= waited
+    assert task.io < 0.25  # a 10-byte read, not the clock's move
+    # Its worker's moments travel with its files: when it reached the worker and when it
+    # could run, two times (neither missing, NaN).
+    assert task.received <= task.runnable
 
 
 def write_three_ways(directory: str) -> list[str]:

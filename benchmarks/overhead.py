@@ -68,7 +68,8 @@ costs nothing else.
 ``--quiet-hooks`` adds Crux with its transition hooks, on the scheduler and on
 every worker, replaced by functions that do nothing (``crux-quiet``):
 everything else of Crux runs -- its graph process, the workers' periodic
-sends, the watching of files, spill and shuffles, the dashboard.  With
+sends (which still read the data clients gathered from the workers' transfer
+logs), the watching of files, spill and shuffles, the dashboard.  With
 ``--empty``, the rounds split what Crux costs into being called for every
 transition (``empty``), the rest of its machinery (``crux-quiet`` over
 ``empty``) and the work its hooks do (``crux`` over ``crux-quiet``).

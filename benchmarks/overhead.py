@@ -295,6 +295,17 @@ def worker_activity(dask_worker: Any) -> dict[str, int]:
     return {"batches": stream.batch_count, "messages": stream.message_count}
 
 
+def counters_so_far(dask_scheduler: Any = None, dask_worker: Any = None) -> dict[str, int]:
+    """This process's garbage collections and its work counted so far, in one call
+    (``run`` passes a scheduler or a worker as both arguments)."""
+    from distributed import Scheduler
+
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    activity = (scheduler_activity(server) if isinstance(server, Scheduler)
+                else worker_activity(server))
+    return {**collections_so_far(dask_scheduler, dask_worker), **activity}
+
+
 #: Run at start-up of the ``crux-other`` processes: forget the finder of an
 #: editable install of crux_dask, so that the other version is imported.
 _DROP_EDITABLE_FINDER = """import sys
@@ -414,14 +425,10 @@ class Cluster:
         :func:`scheduler_activity` and :func:`worker_activity`: the scheduler's, and all
         workers' together."""
         workers: dict[str, float] = {}
-        for counts in self.client.run(collections_so_far).values():
+        for counts in self.client.run(counters_so_far).values():
             for name, value in counts.items():
                 workers[name] = workers.get(name, 0) + value
-        for counts in self.client.run(worker_activity).values():
-            for name, value in counts.items():
-                workers[name] = workers.get(name, 0) + value
-        return ({**self.client.run_on_scheduler(collections_so_far),
-                 **self.client.run_on_scheduler(scheduler_activity)}, workers)
+        return self.client.run_on_scheduler(counters_so_far), workers
 
     def settle(self) -> None:
         """Wait until the scheduler holds no task and every event Crux recorded is applied.

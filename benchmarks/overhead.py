@@ -60,6 +60,14 @@ runs about as many times slower in wall time as there are configurations, so
 costs that come per second (a worker's batch, the scheduler's apply tick)
 weigh that much more against those that come per task than in a run alone.
 
+``--apart`` (with ``--together``) binds every scheduler and the client to the
+first processor and every worker and Crux's graph process to the last: a
+scheduler then shares its processor with no worker, as on a machine of its own,
+while the configurations still go through the same spells.  On one processor,
+what the workers spend moves what the scheduler spends: plugins whose worker
+hook burnt 60 us a task, and whose scheduler hook did nothing, cost the
+scheduler +1.9 %.
+
 ``--empty`` adds a configuration of plugins whose transition hooks do nothing
 (``empty``), on the scheduler and on every worker: what being called for every
 transition costs, and what this method of measuring makes of a plugin that
@@ -73,6 +81,14 @@ logs), the watching of files, spill and shuffles, the dashboard.  With
 ``--empty``, the rounds split what Crux costs into being called for every
 transition (``empty``), the rest of its machinery (``crux-quiet`` over
 ``empty``) and the work its hooks do (``crux`` over ``crux-quiet``).
+
+``--quiet-worker-hooks`` adds Crux with only the workers' transition hooks
+replaced (``crux-scheduler``): no task is reported by its worker, so the
+scheduler's hook records each from what the scheduler itself knows (its
+compute and transfer intervals, thread, size and inputs), as it does for a task
+whose worker has no Crux -- what Crux would cost recording tasks on the
+scheduler alone, without the moments only a worker sees (when a task reached
+it and when it could run) and the workers' deletes and fetches.
 
 ``--compare-with DIR`` adds a configuration, ``crux-other``: Crux
 preloaded from another version of its code, an importable ``crux_dask``
@@ -91,6 +107,7 @@ Usage: ``python benchmarks/overhead.py [--repeats N] [--tiny N] [--partitions N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import operator
 import os
@@ -110,8 +127,9 @@ from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 CONFIGS = ("none", "task-stream", "crux")
-#: The configurations added on demand (``--empty``, ``--quiet-hooks``, ``--compare-with``).
-EXTRA_CONFIGS = ("empty", "crux-quiet", "crux-other")
+#: The configurations added on demand (``--empty``, ``--quiet-hooks``,
+#: ``--quiet-worker-hooks``, ``--compare-with``).
+EXTRA_CONFIGS = ("empty", "crux-quiet", "crux-scheduler", "crux-other")
 WORKLOADS = ("tiny", "shuffle", "array")
 TARGET = 1.02
 
@@ -282,10 +300,14 @@ def collections_so_far(dask_scheduler: Any = None, dask_worker: Any = None
 
 def scheduler_activity(dask_scheduler: Any) -> dict[str, int]:
     """What the scheduler did so far that the timing of the workers can change: its
-    transitions, and the tasks its work stealing moved."""
+    transitions, the tasks its work stealing moved, and the batches of messages it sent
+    the workers (and the messages in them)."""
     stealing = dask_scheduler.extensions.get("stealing")
+    streams = dask_scheduler.stream_comms.values()
     return {"transitions": dask_scheduler.transition_counter,
-            "steals": getattr(stealing, "count", 0)}
+            "steals": getattr(stealing, "count", 0),
+            "batches": sum(stream.batch_count for stream in streams),
+            "messages": sum(stream.message_count for stream in streams)}
 
 
 def worker_activity(dask_worker: Any) -> dict[str, int]:
@@ -320,7 +342,7 @@ class Cluster:
     Parameters
     ----------
     config : str
-        One of :data:`CONFIGS`, ``empty``, ``crux-quiet`` or ``crux-other``.
+        One of :data:`CONFIGS` or :data:`EXTRA_CONFIGS`.
     other : Path, optional
         For ``crux-other``: the folder the other version of ``crux_dask`` is in.
     other_config : dict, optional
@@ -394,6 +416,9 @@ class Cluster:
                                            and all(self.client.run(quiet_hooks).values())):
             self.close()
             raise RuntimeError("Crux's hooks could not be replaced on every process")
+        if config == "crux-scheduler" and not all(self.client.run(quiet_hooks).values()):
+            self.close()
+            raise RuntimeError("Crux's hooks could not be replaced on every worker")
         pid = self.client.run_on_scheduler(os.getpid)
         worker_pids = sorted(self.client.run(os.getpid).values())
         if pid != self.scheduler.pid or worker_pids != sorted(w.pid for w in self.workers):
@@ -419,6 +444,24 @@ class Cluster:
         return (seconds(self.scheduler_process),
                 sum(seconds(p) for p in self.worker_processes),
                 sum(seconds(p) for p in helpers))
+
+    def kernel(self) -> dict[str, float]:
+        """What the kernel counted so far of the scheduler and of all workers together:
+        the CPU seconds spent in it (sending and receiving among them), and context
+        switches -- the voluntary ones count how often a process waited for something (a
+        message, a lock, the next timer), the others how often the processor was taken
+        from it."""
+        counts = dict.fromkeys([f"{name} {part}" for name in ("scheduler", "workers")
+                                for part in ("system", "waits", "preempted")], 0.0)
+        for name, processes in (("scheduler", [self.scheduler_process]),
+                                ("workers", self.worker_processes)):
+            for process in processes:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    switched = process.num_ctx_switches()
+                    counts[f"{name} system"] += process.cpu_times().system
+                    counts[f"{name} waits"] += switched.voluntary
+                    counts[f"{name} preempted"] += switched.involuntary
+        return counts
 
     def counters(self) -> tuple[dict[str, float], dict[str, float]]:
         """The garbage collections so far, and the work counted by
@@ -456,19 +499,22 @@ class Cluster:
         begun = self.begin()
         return self.end(begun, timed(work, self.client))
 
-    def begin(self) -> tuple[Any, tuple[float, float, float]]:
-        """What :meth:`end` counts from: the garbage collections and CPU seconds so far."""
-        return self.counters(), self.cpu()
+    def begin(self) -> tuple[Any, dict[str, float], tuple[float, float, float]]:
+        """What :meth:`end` counts from: the garbage collections, what the kernel
+        counted and the CPU seconds so far."""
+        return self.counters(), self.kernel(), self.cpu()
 
-    def end(self, begun: tuple[Any, tuple[float, float, float]], wall: float
-            ) -> dict[str, float]:
+    def end(self, begun: tuple[Any, dict[str, float], tuple[float, float, float]],
+            wall: float) -> dict[str, float]:
         """Once the cluster is idle again: ``wall``, and the CPU seconds and garbage
         collections since :meth:`begin` returned ``begun``."""
         self.settle()
-        collected, before = begun
+        collected, counted, before = begun
         after = self.cpu()
         result = {"wall": wall, "scheduler": after[0] - before[0],
                   "workers": after[1] - before[1], "helpers": after[2] - before[2]}
+        result.update({name: count - counted[name]
+                       for name, count in self.kernel().items()})
         for process, (old, new) in zip(("scheduler", "workers"),
                                        zip(collected, self.counters(), strict=True),
                                        strict=True):
@@ -525,6 +571,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
     chosen = workloads(args)
     configs = CONFIGS + (("empty",) if args.empty else ()) + (
         ("crux-quiet",) if args.quiet_hooks else ()) + (
+        ("crux-scheduler",) if args.quiet_worker_hooks else ()) + (
         ("crux-other",) if args.compare_with or args.other_config else ())
     results: dict[str, dict[str, list]] = {w: {c: [] for c in configs} for w in chosen}
     crux_rounds: dict[str, list[dict[str, Any]]] = {w: [] for w in chosen}
@@ -541,7 +588,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
         results[name][cluster.config].append(result)
         if before is not None:
             crux_rounds[name].append(crux_account(before, cluster.crux_stats()))
-        print(f"  round {round_ + 1} {cluster.config:<11} {name:<8} "
+        print(f"  round {round_ + 1} {cluster.config:<14} {name:<8} "
               f"wall {result['wall']:6.2f} s  scheduler CPU "
               f"{result['scheduler']:6.2f} s  workers CPU "
               f"{result['workers']:6.2f} s", file=sys.stderr, flush=True)
@@ -572,7 +619,11 @@ def together(args: argparse.Namespace, configs: tuple[str, ...],
     *others, last = sorted(os.sched_getaffinity(0))
     if not others:
         raise SystemExit("--together needs two processors at least")
-    os.sched_setaffinity(0, others)
+    # Where the schedulers, the workers and the helpers go; the client runs with the
+    # schedulers apart, else on the processors no cluster has.
+    schedulers, workers, helpers = ([others[0]], [last], [last]) if args.apart else (
+        [last], [last], others)
+    os.sched_setaffinity(0, schedulers if args.apart else others)
     with ThreadPoolExecutor(len(configs)) as pool:
         for round_ in range(args.repeats):
             # Submitted first, a graph runs alone a moment; the last to finish runs
@@ -582,11 +633,11 @@ def together(args: argparse.Namespace, configs: tuple[str, ...],
             try:
                 for config in configs[turn:] + configs[:turn]:
                     order.append(start(config, scratch))
-                    for process in (order[-1].scheduler_process,
-                                    *order[-1].worker_processes):
-                        process.cpu_affinity([last])
+                    order[-1].scheduler_process.cpu_affinity(schedulers)
+                    for process in order[-1].worker_processes:
+                        process.cpu_affinity(workers)
                     for helper in order[-1].scheduler_process.children(recursive=True):
-                        helper.cpu_affinity(others)
+                        helper.cpu_affinity(helpers)
                 for name, (_, work, _) in workloads(args).items():
                     for cluster in order:
                         cluster.settle()
@@ -669,7 +720,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
         print(f"{name}: {title}" + (f"  (crux: {statistics.median(events):,.0f} events "
                                     "from the workers' and the scheduler's hooks)"
                                     if events else ""))
-        print(f"  {'config':<12} {'wall s':>8} {'sched CPU s':>12} {'workers CPU s':>14} "
+        print(f"  {'config':<14} {'wall s':>8} {'sched CPU s':>12} {'workers CPU s':>14} "
               f"{'wall/none':>10} {'sched/none':>11} {'workers/none':>13} "
               f"{'graph process CPU s':>20}")
         medians = {c: {m: statistics.median(r.get(m, 0.0) for r in results[name][c])
@@ -677,7 +728,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
                    for c in results[name] if c in (*CONFIGS, *EXTRA_CONFIGS)}
         base = medians["none"]
         for config, m in medians.items():
-            print(f"  {config:<12} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
+            print(f"  {config:<14} {m['wall']:>8.2f} {m['scheduler']:>12.2f} "
                   f"{m['workers']:>14.2f} {m['wall'] / base['wall']:>10.3f} "
                   f"{m['scheduler'] / base['scheduler']:>11.3f} "
                   f"{m['workers'] / base['workers']:>13.3f} {m['helpers']:>20.2f}")
@@ -706,6 +757,18 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   f"{c} " + ", ".join(f"{median_of(results[name][c], key):.0f}" for key in (
                       "scheduler transitions", "scheduler steals", "workers batches",
                       "workers messages")) for c in medians))
+        print("  the scheduler's batches to the workers and messages in them, medians: "
+              + "; ".join(f"{c} " + ", ".join(
+                  f"{median_of(results[name][c], key):.0f}" for key in (
+                      "scheduler batches", "scheduler messages")) for c in medians))
+        print("  in the kernel, medians (the scheduler's system CPU s, context switches "
+              "waiting and preempted; the workers'): " + "; ".join(
+                  f"{c} " + ", ".join(f"{median_of(results[name][c], key):.{digits}f}"
+                                      for process in ("scheduler", "workers")
+                                      for key, digits in ((f"{process} system", 2),
+                                                          (f"{process} waits", 0),
+                                                          (f"{process} preempted", 0)))
+                  for c in medians))
         rounds = {c: [(r["scheduler"] / b["scheduler"], r["workers"] / b["workers"])
                       for r, b in zip(results[name][c], results[name]["none"], strict=True)]
                   for c in medians if c != "none"}
@@ -779,12 +842,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--together", action="store_true",
                         help="run the configurations at the same time, on one processor "
                              "(see above)")
+    parser.add_argument("--apart", action="store_true",
+                        help="with --together, the schedulers on one processor and the "
+                             "workers on another (see above)")
     parser.add_argument("--empty", action="store_true",
                         help="add a configuration of plugins whose hooks do nothing")
     parser.add_argument("--quiet-hooks", action="store_true",
                         help="add Crux with transition hooks that do nothing (crux-quiet)")
+    parser.add_argument("--quiet-worker-hooks", action="store_true",
+                        help="add Crux whose workers' transition hooks do nothing, so that "
+                             "the scheduler records every task (crux-scheduler)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
+    if args.apart and not args.together:
+        parser.error("--apart goes with --together")
     results = run(args)
     report(args, results)
     if args.json:

@@ -6,6 +6,8 @@ import pytest
 
 import crux_dask.build.feed as feed_module
 from crux_dask import PAGBuilder
+from crux_dask.build import rules
+from crux_dask.events import Compute
 
 A = "tcp://127.0.0.1:1001"
 B = "tcp://127.0.0.1:1002"
@@ -427,3 +429,49 @@ def test_a_copy_or_the_pieces_up_to_some_lengths_are_the_graph_as_it_was_then(mo
     assert _columns_of(PAGStore.from_pieces(pieces)) == _columns_of(b.store)
     # Of about the bytes asked for (keys of 5 characters here; pickling adds its own).
     assert max(map(len, pieces[1:])) < 2 * 512
+
+
+@pytest.mark.parametrize("how", ["one by one", "windows"])
+def test_a_task_behind_another_on_its_thread_waited_for_it_whatever_the_clocks_say(
+        how, monkeypatch):
+    # Ten tasks queued at once for one thread, each 0.12 s.  The worker converts each
+    # task's times with its estimate of the scheduler's clock at the time, which a
+    # heartbeat on a loaded machine moved back 12.7 ms before the sixth: it starts
+    # before the fifth stops (as Dask's task stream showed it), more than the slack.
+    jump = rules.CLOCK_SLACK + 0.0027
+    events, start = [("root", 0.0, "graph")], 1.0
+    for i in range(10):
+        if i == 5:
+            start -= jump
+        events.append(Compute("compute", f"work-{i}", A, 1, start, start + 0.12, 8,
+                              sent=0.5, received=0.5, runnable=0.5))
+        start += 0.12
+    b = PAGBuilder()
+    if how == "windows":
+        monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
+        b.apply_many(events)
+    else:
+        for event in events:
+            b.apply(event)
+    steps = b.pag().wcp().to_frame()
+    works = steps[steps["category"] == "compute"]
+    assert list(works["key"]) == [f"work-{i}" for i in range(10)]
+    assert (works["via"].iloc[1:] == "thread").all()
+
+
+@pytest.mark.parametrize("how", ["one by one", "windows"])
+def test_a_task_that_started_before_the_one_ahead_on_its_thread_did_not_wait_for_it(
+        how, monkeypatch):
+    # Applied out of the order they ran in: the second ran first, so it waited for
+    # no thread, whatever it was applied after.
+    events = [("root", 0.0, "graph"),
+              Compute("compute", "later", A, 1, 2.0, 3.0, 8, runnable=0.5),
+              Compute("compute", "earlier", A, 1, 1.0, 2.5, 8, runnable=0.5)]
+    b = PAGBuilder()
+    if how == "windows":
+        monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
+        b.apply_many(events)
+    else:
+        for event in events:
+            b.apply(event)
+    assert b.store.n_causes == 0

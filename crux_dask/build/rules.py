@@ -256,14 +256,18 @@ def runnables(requested: np.ndarray, recorded: np.ndarray, inputs_ready: np.ndar
     return np.where(np.isnan(recorded), np.fmax(requested, inputs_ready), recorded)
 
 
-def thread_caused(runnable: float, freed: float, start: float) -> bool:
-    """Whether a task runnable at ``runnable`` waited for its thread, freed at ``freed``.
+def thread_caused(runnable: float, freed: float, start: float, started_before: float) -> bool:
+    """Whether a task runnable at ``runnable`` waited for its thread, freed at ``freed``
+    by the task ahead of it, which started at ``started_before``.
 
-    It did if it could have run before the task ahead of it finished and
-    started once that one had; :data:`CLOCK_SLACK` allows for the worker's
-    clock estimate moving between the two tasks.
+    It did if it could have run before the task ahead of it finished, and
+    started once that one had finished (within :data:`CLOCK_SLACK`) or at
+    least after it had started.  A worker converts each task's times to the
+    scheduler's clock with its estimate at the time, which a heartbeat moves:
+    on a loaded machine by more than the slack, so that Dask's own task
+    stream shows a thread's task starting before the one ahead of it stopped.
     """
-    return runnable <= freed <= start + CLOCK_SLACK
+    return runnable <= freed and (freed <= start + CLOCK_SLACK or started_before < start)
 
 
 class ThreadLanes:
@@ -274,10 +278,13 @@ class ThreadLanes:
     last : dict
         ``(memory location code, thread)`` -> the state of the last task
         computed on that thread of that worker.
+    started : dict
+        The same lanes -> when their last task started.
     """
 
     def __init__(self) -> None:
         self.last: dict[tuple[int, int], int] = {}
+        self.started: dict[tuple[int, int], float] = {}
 
     def cause(self, memory: int, thread: int, state: int, runnable: float, start: float,
               time_of: Sequence[float]) -> int | None:
@@ -286,9 +293,13 @@ class ThreadLanes:
         ``state`` becomes the lane's last task; ``time_of`` is the state-time
         column.
         """
-        before = self.last.get((memory, thread))
-        self.last[memory, thread] = state
-        if before is not None and thread_caused(runnable, time_of[before], start):
+        lane = memory, thread
+        before = self.last.get(lane)
+        started_before = self.started.get(lane)
+        self.last[lane] = state
+        self.started[lane] = start
+        if before is not None and thread_caused(runnable, time_of[before], start,
+                                                started_before):
             return before
         return None
 
@@ -311,18 +322,26 @@ class ThreadLanes:
         lane = lane[order]
         first = np.r_[True, lane[1:] != lane[:-1]]
         last = np.r_[first[1:], True]
+        start = start[on_thread]
         before = np.empty(len(order), np.int64)
         before[1:] = states[order][:-1]
+        started_before = np.empty(len(order))
+        started_before[1:] = start[order][:-1]
         pairs = list(zip(memory[order][first].tolist(), thread[order][first].tolist()))
         before[first] = [self.last.get(pair, -1) for pair in pairs]
-        self.last.update(zip(zip(memory[order][last].tolist(), thread[order][last].tolist()),
-                             states[order][last].tolist()))
+        started_before[first] = [self.started.get(pair, np.nan) for pair in pairs]
+        lasts = list(zip(memory[order][last].tolist(), thread[order][last].tolist()))
+        self.last.update(zip(lasts, states[order][last].tolist()))
+        self.started.update(zip(lasts, start[order][last].tolist()))
         previous = np.empty(len(order), np.int64)  # back in state order
         previous[order] = before
+        previous_start = np.empty(len(order))
+        previous_start[order] = started_before
         known = np.flatnonzero(previous >= 0)
         freed = time_of(previous[known])
+        start = start[known]
         caused = known[(runnable[on_thread][known] <= freed)
-                       & (freed <= start[on_thread][known] + CLOCK_SLACK)]
+                       & ((freed <= start + CLOCK_SLACK) | (previous_start[known] < start))]
         return previous[caused], states[caused]
 
 

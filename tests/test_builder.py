@@ -453,10 +453,14 @@ def test_a_task_behind_another_on_its_thread_waited_for_it_whatever_the_clocks_s
     else:
         for event in events:
             b.apply(event)
-    steps = b.pag().wcp().to_frame()
+    path = b.pag().wcp()
+    steps = path.to_frame()
     works = steps[steps["category"] == "compute"]
     assert list(works["key"]) == [f"work-{i}" for i in range(10)]
     assert (works["via"].iloc[1:] == "thread").all()
+    # The clocks' disagreement is taken from the task that started early, not added.
+    assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-9)
+    assert path.breakdown["compute"] == pytest.approx(10 * 0.12 - jump, abs=1e-9)
 
 
 @pytest.mark.parametrize("how", ["one by one", "windows"])

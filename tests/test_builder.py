@@ -378,16 +378,22 @@ def skewed_fan_in(rounds: int) -> list[tuple]:
     return events
 
 
-@pytest.mark.parametrize("how", ["one by one", "windows"])
-def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monkeypatch):
-    events = skewed_fan_in(60)
+def built(events: list[tuple], how: str, monkeypatch) -> PAGBuilder:
+    """A builder that applied ``events`` one by one, or in windows of columns from the
+    first event on (so that even a last, short run is put in columns)."""
     b = PAGBuilder()
-    if how == "windows":  # from one event on, so that the last round takes them too
+    if how == "windows":
         monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
         b.apply_many(events)
     else:
         for event in events:
             b.apply(event)
+    return b
+
+
+@pytest.mark.parametrize("how", ["one by one", "windows"])
+def test_a_state_made_from_the_end_is_the_end_whatever_the_clocks_say(how, monkeypatch):
+    b = built(skewed_fan_in(60), how, monkeypatch)
     states, _ = rows(b)
     last_part = states[states["key"] == "part-59-7"]["time"].max()
     assert last_part > states.loc[b.end, "time"]  # the clocks say the part came last
@@ -446,13 +452,7 @@ def test_a_task_behind_another_on_its_thread_waited_for_it_whatever_the_clocks_s
         events.append(Compute("compute", f"work-{i}", A, 1, start, start + 0.12, 8,
                               sent=0.5, received=0.5, runnable=0.5))
         start += 0.12
-    b = PAGBuilder()
-    if how == "windows":
-        monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
-        b.apply_many(events)
-    else:
-        for event in events:
-            b.apply(event)
+    b = built(events, how, monkeypatch)
     path = b.pag().wcp()
     steps = path.to_frame()
     works = steps[steps["category"] == "compute"]
@@ -471,11 +471,5 @@ def test_a_task_that_started_before_the_one_ahead_on_its_thread_did_not_wait_for
     events = [("root", 0.0, "graph"),
               Compute("compute", "later", A, 1, 2.0, 3.0, 8, runnable=0.5),
               Compute("compute", "earlier", A, 1, 1.0, 2.5, 8, runnable=0.5)]
-    b = PAGBuilder()
-    if how == "windows":
-        monkeypatch.setattr(feed_module, "COLUMNS_FROM", 1)
-        b.apply_many(events)
-    else:
-        for event in events:
-            b.apply(event)
+    b = built(events, how, monkeypatch)
     assert b.store.n_causes == 0

@@ -194,7 +194,6 @@ def state_of(builder: PAGBuilder) -> dict:
         found[name] = getattr(builder, name)
     found["latest"] = builder.ends.latest
     found["threads"] = dict(builder.threads.last)
-    found["thread_starts"] = dict(builder.threads.started)
     found["released"] = {(key, place): builder.holdings.released_at(key, code)
                          for key in set(store.keys.values)
                          for place, code in store.locations.codes.items()}

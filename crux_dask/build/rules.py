@@ -63,6 +63,8 @@ _NAN = float("nan")
 #: converted to the scheduler's clock with the estimate of the moment, which
 #: moves at every heartbeat.
 CLOCK_SLACK = 0.01
+#: What :class:`ThreadLanes` holds of a lane no task ran on yet.
+_NO_LANE = (-1, np.nan)
 #: What :class:`FanOut` remembers of a source before any task read it.
 _NO_GROUP = -2
 
@@ -277,14 +279,11 @@ class ThreadLanes:
     ----------
     last : dict
         ``(memory location code, thread)`` -> the state of the last task
-        computed on that thread of that worker.
-    started : dict
-        The same lanes -> when their last task started.
+        computed on that thread of that worker, and when that task started.
     """
 
     def __init__(self) -> None:
-        self.last: dict[tuple[int, int], int] = {}
-        self.started: dict[tuple[int, int], float] = {}
+        self.last: dict[tuple[int, int], tuple[int, float]] = {}
 
     def cause(self, memory: int, thread: int, state: int, runnable: float, start: float,
               time_of: Sequence[float]) -> int | None:
@@ -295,12 +294,10 @@ class ThreadLanes:
         """
         lane = memory, thread
         before = self.last.get(lane)
-        started_before = self.started.get(lane)
-        self.last[lane] = state
-        self.started[lane] = start
-        if before is not None and thread_caused(runnable, time_of[before], start,
-                                                started_before):
-            return before
+        self.last[lane] = state, start
+        if before is not None and thread_caused(runnable, time_of[before[0]], start,
+                                                before[1]):
+            return before[0]
         return None
 
     def causes(self, memory: np.ndarray, thread: np.ndarray, states: np.ndarray,
@@ -328,11 +325,11 @@ class ThreadLanes:
         started_before = np.empty(len(order))
         started_before[1:] = start[order][:-1]
         pairs = list(zip(memory[order][first].tolist(), thread[order][first].tolist()))
-        before[first] = [self.last.get(pair, -1) for pair in pairs]
-        started_before[first] = [self.started.get(pair, np.nan) for pair in pairs]
-        lasts = list(zip(memory[order][last].tolist(), thread[order][last].tolist()))
-        self.last.update(zip(lasts, states[order][last].tolist()))
-        self.started.update(zip(lasts, start[order][last].tolist()))
+        held = [self.last.get(pair, _NO_LANE) for pair in pairs]
+        before[first] = [state for state, _ in held]
+        started_before[first] = [started for _, started in held]
+        self.last.update(zip(zip(memory[order][last].tolist(), thread[order][last].tolist()),
+                             zip(states[order][last].tolist(), start[order][last].tolist())))
         previous = np.empty(len(order), np.int64)  # back in state order
         previous[order] = before
         previous_start = np.empty(len(order))

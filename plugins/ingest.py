@@ -135,10 +135,14 @@ class Recorder:
         Returns
         -------
         dict
-            ``{"status": "OK", "accepted": n}`` (events and tasks), or ``{"status":
-            "rejected", "error": ...}`` for a malformed batch or report (nothing of
-            either is queued).
+            ``{"status": "OK", "accepted": n, "time": now}`` (events and tasks; the
+            scheduler's clock, from which the worker estimates its offset: see
+            :mod:`crux_dask.plugins.clock`; a message with neither is only that),
+            or ``{"status": "rejected", "error": ...}`` for a malformed batch or
+            report (nothing of either is queued).
         """
+        if batch is None and tasks is None:  # a worker timing a round trip: nothing else
+            return {"status": "OK", "accepted": 0, "time": time.time()}
         started = time.thread_time()
         self.counts["batches_received"] += 1
         try:
@@ -160,7 +164,7 @@ class Recorder:
         self.seconds["receive"] += time.thread_time() - started
         if self.pending >= self.max_pending:
             self.apply_soon()
-        return {"status": "OK", "accepted": events}
+        return {"status": "OK", "accepted": events, "time": time.time()}
 
     def receive_files(self, files: Any = None, source: Any = None,
                       **kwargs: Any) -> dict[str, Any]:

@@ -38,7 +38,8 @@ REPORTED = "crux-reported"
 #: A task that opened files is not reported: the scheduler records it whole, in
 #: the order tasks finish across workers, which a file read after it was written
 #: elsewhere must keep.  Its worker leaves in its ``metadata``, the same way,
-#: the task's moments (``[received, runnable]``) here,
+#: the task's moments and the shift from distributed's clock estimate to its own
+#: (``[received, runnable, shift]``: see :mod:`crux_dask.plugins.clock`) here,
 MOMENTS = "crux"
 #: the files it opened (``[io seconds or None, host, [[path, written, size],
 #: ...]]``; for a task that opened many, whose sizes are taken after its

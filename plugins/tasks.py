@@ -90,9 +90,10 @@ class Finished(NamedTuple):
 
 
 def scheduler_task(entry: tuple) -> Finished:
-    """The task of a :data:`TASK` entry: its ``compute`` interval, if any, is its run;
-    its moments, files and shards are what its worker left in its metadata.  Moments
-    in a form other than two times or None are left out."""
+    """The task of a :data:`TASK` entry: its ``compute`` interval, if any, is its run,
+    shifted to its worker's clock estimate as the worker left it in its metadata with
+    the task's moments, files and shards.  Moments in a form other than two times or
+    None, and a shift that is not a time, are left out."""
     (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
      annotation, priority, metadata) = entry
     start = stop = None
@@ -104,7 +105,9 @@ def scheduler_task(entry: tuple) -> Finished:
                                   metadata.get(SHARDS))
     else:
         moments = files = shards = None
-    received, runnable = _moments(moments)
+    received, runnable, shift = _moments(moments)
+    if shift is not None and stop is not None:
+        start, stop = start + shift, stop + shift
     return Finished(key_string(key), finish == "erred", worker, thread, start, stop,
                     nbytes or 0, tuple(key_string(d) for d in dependencies), prefix, group,
                     annotation, priority, received, runnable, files, shards)
@@ -135,7 +138,7 @@ def reported_task(row: Any, worker: str) -> Finished:
         raise ValueError(f"task {key!r}: inputs must be an array of keys")
     if thread is not None and type(thread) is not int:
         raise ValueError(f"task {key!r}: thread must be an integer or None")
-    received, runnable = _moments((received, runnable))
+    received, runnable, _ = _moments((received, runnable))
     if isinstance(priority, list) and priority:  # the worker adds its generation
         priority = tuple(priority[:-1])
     return Finished(key_string(key), False, worker, thread, start, stop, nbytes,
@@ -408,13 +411,15 @@ def _shards(shards: Any, start: float, stop: float) -> tuple[float, list[tuple[s
     return split, made
 
 
-def _moments(moments: Any) -> tuple[float | None, float | None]:
-    """``(received, runnable)`` as a worker recorded them: times, or None."""
-    if not (isinstance(moments, (list, tuple)) and len(moments) == 2):
-        return None, None
-    received, runnable = moments
+def _moments(moments: Any) -> tuple[float | None, float | None, float | None]:
+    """``(received, runnable[, shift])`` as a worker recorded them: times, or None; the
+    shift from distributed's clock estimate to the worker's, if given."""
+    if not (isinstance(moments, (list, tuple)) and len(moments) in (2, 3)):
+        return None, None, None
+    received, runnable, *shift = moments
     return (received if _is_time(received) else None,
-            runnable if _is_time(runnable) else None)
+            runnable if _is_time(runnable) else None,
+            shift[0] if shift and _is_time(shift[0]) else None)
 
 
 def _as_key(value: Any) -> Any:

@@ -21,6 +21,12 @@ task, packed with msgpack as it finishes, to a list of its own); a periodic
 callback packs the buffer and sends both to the scheduler's ``crux_events``
 handler, one round trip per batch, one batch in flight at a time.
 
+Times are in the scheduler's clock, as this worker estimates it from the round
+trips of its sends (:mod:`crux_dask.plugins.clock`), not from distributed's
+latest heartbeat: times distributed converted (a task's start and stop, a
+transfer's) are converted back with the offset it used, and again with that
+estimate.
+
 The plugin is a guest: it replaces none of the worker's handlers (data a
 client gathered is read from the worker's own log of outgoing transfers; the
 shuffle runs it watches are wrapped on the instance, and unwrapped), and
@@ -47,6 +53,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.codec import encode_batch
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
+from crux_dask.plugins.clock import ClockOffset
 from crux_dask.plugins.files import FileRecorder
 from crux_dask.plugins.logs import since
 from crux_dask.plugins.protocol import (
@@ -81,6 +88,10 @@ SEND_PERIOD = 2000
 #: What ``poll`` reports of a socket whose peer closed it (Linux; 0: not told).
 _HUNG_UP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR
             if hasattr(select, "POLLRDHUP") else 0)
+#: Empty round trips a worker times as it starts, so that what it records before its
+#: first batch is in a bounded estimate of the scheduler's clock (the first one may
+#: open a connection: the others bound it tighter).
+CLOCK_PROBES = 3
 #: The most files whose sizes are taken in the event loop as their task is done
 #: (a few microseconds each); a task that opened more has them taken in a thread.
 FILES_INLINE = 64
@@ -149,9 +160,13 @@ class CruxWorkerPlugin(WorkerPlugin):
         # packed; anything an annotation holds that msgpack cannot, as its repr.
         self.reports: list[bytes] = []
         self._packer = msgpack.Packer(default=repr)
+        # The scheduler's clock: distributed's estimate as a start, until a send's
+        # round trip bounds it better.
+        self.clock = ClockOffset(worker.scheduler_delay)
+        self.offset = self.clock.offset  # read by every hook: one attribute
         # Tasks that reached this worker, to report when they finish: key ->
-        # [when they arrived, when their inputs were all here, the scheduler delay
-        # as the task started (the clock its start and stop are in)].
+        # [when they arrived, when their inputs were all here, distributed's offset
+        # as the task started (the one its start and stop are converted with)].
         self._moments: dict[Any, list] = {}
         self.seq = 0
         self.counts = dict.fromkeys(
@@ -191,6 +206,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.shards.start()
         self._callback = PeriodicCallback(self._flush_soon, self._flush_period())
         self._callback.start()
+        self._probing = asyncio.ensure_future(self._probe_clock())
 
     async def teardown(self, worker: Worker) -> None:
         """Stop recording; send what is buffered if the scheduler is still there.
@@ -201,6 +217,9 @@ class CruxWorkerPlugin(WorkerPlugin):
         ``events_unsent`` (and the files of tasks as ``file_lists_unsent``).
         """
         self._callback.stop()
+        if not self._probing.done():  # a scheduler that does not answer: stop asking
+            self._probing.cancel()
+            await asyncio.wait([self._probing])
         tasks = worker.state.tasks
         for key in self._moments:  # tasks under way: the scheduler records them now
             ts = tasks.get(key)
@@ -274,11 +293,10 @@ class CruxWorkerPlugin(WorkerPlugin):
             elif start == "memory":
                 if finish == "released" and self._deletes:
                     self._released(key)
-            elif finish == "executing":
-                if self.files is not None:  # the clock the task's start and stop are in
-                    moments = self._moments.get(key)
-                    if moments is not None:
-                        moments[2] = self.worker.scheduler_delay
+            elif finish == "executing":  # the offset the task's start and stop will have
+                moments = self._moments.get(key)
+                if moments is not None:
+                    moments[2] = self.worker.scheduler_delay
             elif finish == "ready":  # all inputs here: runnable from now on
                 moments = self._moments.get(key)
                 if moments is not None:
@@ -316,22 +334,26 @@ class CruxWorkerPlugin(WorkerPlugin):
         for interval in ts.startstops:
             if interval["action"] == "compute":
                 start, stop = interval["start"], interval["stop"]
+        # distributed converted them with its offset as the task started: a heartbeat
+        # since may have moved it; the shift takes them to this plugin's estimate.
+        delay = moments[2]
+        shift = self.offset - (worker.scheduler_delay if delay is None else delay)
         if stop is None:
             start = stop = self._now()
+        else:
+            start += shift
+            stop += shift
         shards = self.shards
         made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
         if files is not None and key in files.by_task:
-            # The stop is in the scheduler's clock as the worker estimated it when the
-            # task started: a heartbeat since may have moved the estimate by milliseconds.
-            delay = moments[2]
-            opened = self._files_done(key, key_string(key), stop - (
-                worker.scheduler_delay if delay is None else delay))
+            opened = self._files_done(key, key_string(key), stop - self.offset)
             if opened is not None:
                 # Sent to the scheduler with the task's completion, in the message this
-                # transition has just made (it holds the same dict).
+                # transition has just made (it holds the same dict), which also holds
+                # the start and stop as distributed converted them: the shift goes too.
                 metadata = ts.metadata
                 metadata.pop(REPORTED, None)
-                metadata[MOMENTS] = tuple(moments[:2])  # as the scheduler's copy will hold them
+                metadata[MOMENTS] = (moments[0], moments[1], shift)
                 metadata[FILES] = opened
                 if made is not None:
                     metadata[SHARDS] = made
@@ -399,7 +421,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             self._on_disk.discard(key)
             where = self.disk
         self._record(("delete", key if type(key) is str else str(key), where,
-                      time() + self.worker.scheduler_delay))
+                      time() + self.offset))
 
     def _fetched(self, key: Any) -> None:
         """``key`` arrived from another worker: find the fetch in the transfer log."""
@@ -412,7 +434,10 @@ class CruxWorkerPlugin(WorkerPlugin):
         log = self.worker.transfer_incoming_log
         for entry in islice(reversed(log), _LOG_LOOKBACK):
             if key in entry["keys"] and (source is None or entry["who"] == source):
-                start, stop, source = entry["start"], entry["stop"], entry["who"]
+                # Logged as the data arrived, just before this transition: converted
+                # with distributed's offset of now.
+                shift = self.offset - self.worker.scheduler_delay
+                start, stop, source = entry["start"] + shift, entry["stop"] + shift, entry["who"]
                 break
         else:  # not logged (the log may be disabled): time the flight ourselves
             stop = self._now()
@@ -467,9 +492,14 @@ class CruxWorkerPlugin(WorkerPlugin):
         self._outgoing_seen = fresh[-1]
         try:
             memory = self.memory
+            offset = self.offset
             for entry in fresh:
                 if entry["who"] is None:
+                    # Converted with distributed's offset of then, which the entry's
+                    # middle, in this worker's clock, gives back.
                     start, stop = entry["start"], entry["stop"]
+                    shift = offset - ((start + stop) / 2 - entry["middle"])
+                    start, stop = start + shift, stop + shift
                     keys = entry["keys"]  # key -> bytes sent
                     sent = keys.items() if isinstance(keys, dict) else ((k, 0) for k in keys)
                     for key, nbytes in sent:
@@ -546,6 +576,7 @@ class CruxWorkerPlugin(WorkerPlugin):
                 if reports:  # the packed reports, as one array
                     message[TASKS] = b"".join([self._packer.pack_array_header(len(reports)),
                                                *reports])
+                sent = time()
                 try:
                     reply = await send(**message)
                 except Exception as error:
@@ -555,13 +586,13 @@ class CruxWorkerPlugin(WorkerPlugin):
                     return False
                 del self.buffer[: len(events)]
                 del self.reports[: len(reports)]
-                sent = len(events) + len(reports)
                 if isinstance(reply, dict) and reply.get("status") == "OK":
                     self.counts["batches_sent"] += 1
-                    self.counts["events_sent"] += sent
+                    self.counts["events_sent"] += len(events) + len(reports)
+                    self._timed(sent, reply)
                 else:  # rejected, or no Crux on the scheduler: nobody will take these
                     self.counts["batches_rejected"] += 1
-                    self.counts["events_dropped"] += sent
+                    self.counts["events_dropped"] += len(events) + len(reports)
             if self._files_out:
                 files = self._files_out[:]
                 try:
@@ -578,10 +609,28 @@ class CruxWorkerPlugin(WorkerPlugin):
         finally:
             self._sending = None
 
+    async def _probe_clock(self) -> None:
+        """Time :data:`CLOCK_PROBES` empty round trips to the scheduler; give up on the
+        first that fails (the first batch's round trip will do)."""
+        try:
+            send = getattr(self.worker.scheduler, EVENTS_HANDLER)
+            for _ in range(CLOCK_PROBES):
+                sent = time()
+                self._timed(sent, await send(source=self.worker.address))
+        except Exception as error:
+            logger.debug("Crux could not time a round trip to the scheduler: %r", error)
+
+    def _timed(self, sent: float, reply: Any) -> None:
+        """A round trip sent at ``sent`` is over: its answer's clock (``time``) may
+        bound the scheduler's better (:class:`~crux_dask.plugins.clock.ClockOffset`)."""
+        clock = reply.get("time") if isinstance(reply, dict) else None
+        if isinstance(clock, float) and self.clock.sample(sent, time(), clock):
+            self.offset = self.clock.offset
+
     # -- helpers ----------------------------------------------------------------
     def _now(self) -> float:
         """Now, in the scheduler's clock."""
-        return time() + self.worker.scheduler_delay
+        return time() + self.offset
 
     def _nbytes(self, key: Any) -> int:
         ts = self.worker.state.tasks.get(key)

@@ -75,7 +75,9 @@ async def test_transfer_matches_the_task_stream(c, s, a, b):
     assert len(reported) == 1
     assert reported[0]["source"] == a.address
     assert edge["busy"] == pytest.approx(reported[0]["stop"] - reported[0]["start"], abs=1e-6)
-    assert edge["stop"] == pytest.approx(reported[0]["stop"], abs=1e-6)
+    # In the worker's estimate of the scheduler's clock, the task stream's in its
+    # heartbeat's: in one process, both are within milliseconds of the one clock.
+    assert edge["stop"] == pytest.approx(reported[0]["stop"], abs=0.02)
     # y read the copy, not the original.
     assert m[(m["key"] == "y") & (m["kind"] == "CONVERT")]["src"].tolist() == [edge["dst"]]
 
@@ -93,7 +95,7 @@ def check_against_task_stream(pag, stream_data):
     for key, worker, thread, stop in computes:
         rows = index.get_group(key) if key in index.groups else computed.iloc[:0]
         rows = rows[(rows["worker"] == worker) & (rows["thread"] == thread)
-                    & ((rows["time"] - stop).abs() <= 1e-3)]
+                    & ((rows["time"] - stop).abs() <= 0.02)]
         missing += len(rows) != 1
     assert missing == 0
     assert len(computed) == len(computes)  # no extra computations either

@@ -51,12 +51,26 @@ def test_a_slice_applies_at_most_slice_events():
     assert ingest.counts["events_applied"] == 250 == ingest.received
 
 
+def test_a_message_without_events_is_a_worker_timing_a_round_trip():
+    ingest = new_ingest(slice_events=600)
+    asked = time.time()
+    reply = ingest.receive(source="tcp://w:1")
+    assert reply.keys() == {"status", "accepted", "time"}
+    assert (reply["status"], reply["accepted"]) == ("OK", 0)
+    assert asked <= reply["time"] <= time.time()
+    assert ingest.counts["batches_received"] == ingest.counts["batches_rejected"] == 0
+
+
 def test_a_worker_batch_larger_than_a_slice_is_split():
     ingest = new_ingest(slice_events=600)
     for event in computations(100, "a"):
         ingest.record(event)
+    asked = time.time()
     reply = ingest.receive(encode_batch(computations(1000, "b", 100.0), "tcp://w:1", 1))
-    assert reply == {"status": "OK", "accepted": 1000}
+    # With the scheduler's clock as it answered, for the worker's estimate of it.
+    assert reply.keys() == {"status", "accepted", "time"}
+    assert (reply["status"], reply["accepted"]) == ("OK", 1000)
+    assert asked <= reply["time"] <= time.time()
     assert ingest.counts["batches_in_columns"] == 1
     for event in computations(10, "c", 1100.0):
         ingest.record(event)

@@ -73,7 +73,7 @@ def test_hostile_batches_are_counted_and_harm_nothing(apart):
                          time.time(), time.time(), 28)
                 reply = await send(batch=encode_batch([event], a.address, i),
                                    source=a.address)
-                assert reply == {"status": "OK", "accepted": 1}
+                assert (reply["status"], reply["accepted"]) == ("OK", 1)
                 valid += 1
         await crux_dask.flush(c)
         stats = await crux_dask.get_stats(c)

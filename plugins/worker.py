@@ -655,13 +655,16 @@ class CruxWorkerPlugin(WorkerPlugin):
         the scheduler refused are ``dropped``; those still being sized or
         sent when the plugin was torn down are ``unsent``.  ``shard_errors``
         count shards of P2P shuffles that could not be recorded (the shuffle
-        itself went on).
+        itself went on).  ``clock_offset`` is what this worker adds to its
+        clock to read the scheduler's, within ``clock_bound`` seconds (infinite
+        before its first round trip to the scheduler).
         """
         files = self.files
         return {**self.counts, "events_buffered": len(self.buffer) + len(self.reports),
                 "files_recorded": files.opened_files if files else 0,
                 "files_gone": files.gone if files else 0,
-                "shard_errors": self.shards.errors if self.shards else 0}
+                "shard_errors": self.shards.errors if self.shards else 0,
+                "clock_offset": self.offset, "clock_bound": self.clock.bound}
 
 
 # -- what the client runs on each worker ------------------------------------------

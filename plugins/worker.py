@@ -88,11 +88,9 @@ SEND_PERIOD = 2000
 #: What ``poll`` reports of a socket whose peer closed it (Linux; 0: not told).
 _HUNG_UP = (select.POLLRDHUP | select.POLLHUP | select.POLLERR
             if hasattr(select, "POLLRDHUP") else 0)
-#: Empty round trips a worker times as its first task reaches it, so that what it
-#: records before its first batch is in a bounded estimate of the scheduler's clock
-#: (the first one may open a connection: the others bound it tighter).  Not as the
-#: plugin starts: a worker that never runs a task would open that connection for
-#: nothing (distributed's test_scheduler took 5 % longer with Crux when it did).
+#: Empty round trips a worker times as it starts, so that what it records before its
+#: first batch is in a bounded estimate of the scheduler's clock (the first one may
+#: open a connection: the others bound it tighter).
 CLOCK_PROBES = 3
 #: The most files whose sizes are taken in the event loop as their task is done
 #: (a few microseconds each); a task that opened more has them taken in a thread.
@@ -208,7 +206,7 @@ class CruxWorkerPlugin(WorkerPlugin):
             self.shards.start()
         self._callback = PeriodicCallback(self._flush_soon, self._flush_period())
         self._callback.start()
-        self._probing: asyncio.Future | None = None
+        self._probing = asyncio.ensure_future(self._probe_clock())
 
     async def teardown(self, worker: Worker) -> None:
         """Stop recording; send what is buffered if the scheduler is still there.
@@ -219,10 +217,9 @@ class CruxWorkerPlugin(WorkerPlugin):
         ``events_unsent`` (and the files of tasks as ``file_lists_unsent``).
         """
         self._callback.stop()
-        probing = self._probing
-        if probing is not None and not probing.done():  # a scheduler that does not answer
-            probing.cancel()
-            await asyncio.wait([probing])
+        if not self._probing.done():  # a scheduler that does not answer: stop asking
+            self._probing.cancel()
+            await asyncio.wait([self._probing])
         tasks = worker.state.tasks
         for key in self._moments:  # tasks under way: the scheduler records them now
             ts = tasks.get(key)
@@ -308,8 +305,6 @@ class CruxWorkerPlugin(WorkerPlugin):
                 if finish == "waiting":  # the task reached this worker: it reports it
                     self._moments[key] = [self._now(), None, None]
                     self.worker.state.tasks[key].metadata[REPORTED] = 1
-                    if self._probing is None:
-                        self._probing = asyncio.ensure_future(self._probe_clock())
                 elif finish == "fetch":
                     self._requested.setdefault(key, self._now())
             elif finish == "flight":

@@ -3,7 +3,7 @@
 # `make compat` runs distributed's own test modules without and with Crux preloaded;
 # `make overhead` compares the CPU cost of Crux with Dask's task stream.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 # A checkout of distributed's test suite for the installed version (see benchmarks/compat.py):
 # `make compat DISTRIBUTED_TESTS=DIR`.
@@ -45,4 +45,4 @@ overhead: $(BIN)/activate
 		--partitions 20 --rows 100000
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf .venv .venv-* build *.egg-info

@@ -32,6 +32,7 @@ from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.build.rules import key_label
+from crux_dask.dashboard.callbacks import on_change
 from crux_dask.dashboard.data import Component, GraphView, Source, kept
 from crux_dask.dashboard.datatables import table_columns
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
@@ -274,7 +275,7 @@ class PAGOverview(Component):
                                name="crux-overview-states",
                                columns=table_columns(*((c, c) for c in DETAIL_COLUMNS)),
                                **kwargs)
-        self.source.selected.on_change("indices", self._drill_down)
+        on_change(self.source.selected, "indices", self._drill_down)
         self.root = column(self.figure, self.table, **kwargs)
 
     @property

@@ -17,12 +17,13 @@ from bokeh.events import ConnectionLost, DocumentReady
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, CustomJS, Div, Select, TextInput
 from bokeh.server.server import BokehTornado
-from distributed.dashboard.components import DashboardComponent, add_periodic_callback
+from distributed.dashboard.components import DashboardComponent
 from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 from distributed.dashboard.core import DaskBokehTornado
 from distributed.utils import log_errors
 
 from crux_dask.dashboard.breakdown import Breakdown
+from crux_dask.dashboard.callbacks import every, on_change, soon
 from crux_dask.dashboard.data import (
     GraphView,
     OffLoop,
@@ -168,6 +169,19 @@ def show_in_stages(doc: Document, root: Any, body: Any, parts: list[tuple[int, A
     doc.add_timeout_callback(start, STAGES_AT_THE_LATEST)
 
 
+def update_on_the_loop(doc: Document, periodic: list[tuple[DashboardComponent, int]]) -> None:
+    """Update each component of ``periodic`` once, then every so many milliseconds, on
+    the event loop (the document may be filled in another thread, see
+    :mod:`~crux_dask.dashboard.callbacks`)."""
+    def first() -> None:
+        for component, _ in periodic:
+            component.update()  # starts computing what the page shows, off the loop
+
+    soon(doc, first)
+    for component, interval in periodic:
+        every(doc, component.update, interval)
+
+
 def crux_page(data: Source, runs: Runs, extra: dict) -> Callable[[Document], None]:
     """The ``/crux`` page: all components, in the dashboard's template.
 
@@ -183,15 +197,12 @@ def crux_page(data: Source, runs: Runs, extra: dict) -> Callable[[Document], Non
     layout.children = []
 
     def show(doc: Document) -> None:
-        for updater in updaters:
-            updater.update()  # starts computing what the page shows, in a thread
-            add_periodic_callback(doc, updater, UPDATE_INTERVAL)
         selector = RunSelector(runs, choice, updaters)
-        add_periodic_callback(doc, selector, UPDATE_INTERVAL)
         check = SelectionCheck(selected, selection, updaters)
-        add_periodic_callback(doc, check, CHECK_INTERVAL)
         scopes = ScopeSelector(runs.plugin, check)
-        add_periodic_callback(doc, scopes, UPDATE_INTERVAL)
+        periodic = [(updater, UPDATE_INTERVAL) for updater in updaters] + [
+            (selector, UPDATE_INTERVAL), (check, CHECK_INTERVAL), (scopes, UPDATE_INTERVAL)]
+        update_on_the_loop(doc, periodic)
         doc.title = "Dask: Crux"
         doc.template = env.get_template("simple.html")
         doc.template_variables.update(extra)
@@ -223,7 +234,7 @@ class RunSelector(DashboardComponent):
                              name="crux-run")
         self.message = Div(text="", name="crux-run-message")
         self.root = column(self.select, self.message)
-        self.select.on_change("value", self._chosen)
+        on_change(self.select, "value", self._chosen)
 
     @log_errors
     def _chosen(self, attr: str, old: str, new: str) -> None:
@@ -318,13 +329,13 @@ class ScopeSelector(DashboardComponent):
         super().__init__()
         self.plugin, self.check = plugin, check
         self.scopes: dict[str, Scope] = {}
-        options = self._options()
+        options = [("", "the whole run")]  # the rest on the event loop, at each update
         self.source = ColumnDataSource(_run_columns(options))
         self.select = Select(title="computation or span", options=options, value="",
                              width=300, name="crux-scope")
         self.message = Div(text="", name="crux-scope-message")
         self.root = column(self.select, self.message)
-        self.select.on_change("value", self._chosen)
+        on_change(self.select, "value", self._chosen)
 
     def _options(self) -> list[tuple[str, str]]:
         self.scopes = {f"{s.kind}:{s.id}": s for s in self.plugin.scopes()}
@@ -381,7 +392,7 @@ def path_controls(check: SelectionCheck) -> Any:
         check.propose(chosen, message)
 
     for widget in (start, end, method):
-        widget.on_change("value", changed)
+        on_change(widget, "value", changed)
     return row(start, end, method, message)
 
 
@@ -402,8 +413,7 @@ def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
         # What it shows is computed off the event loop, from the first update on.
         updater = (component if isinstance(component, SuggestionTable)
                    else OffLoop(data, [component]))
-        updater.update()
-        add_periodic_callback(doc, updater, UPDATE_INTERVAL)
+        update_on_the_loop(doc, [(updater, UPDATE_INTERVAL)])
         doc.title = f"Dask: Crux {cls.__name__}"
         body = column(sizing_mode="stretch_both")
         show_in_stages(doc, body, body, [(0, component.root)], component.sources)

@@ -106,6 +106,7 @@ def _watch_open(open_file: Callable) -> Callable:
         # Only one of r, w, a and x is allowed, and + adds writing.
         _opened(file, os.O_RDONLY if "r" in mode and "+" not in mode else os.O_WRONLY)
         return opened
+    open.__module__ = "io"  # where it is found (3.13's is "_io"), so it pickles as itself
     return open
 
 

@@ -166,7 +166,8 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
     shown = []  # the page's parts after each change of the body's
     document.on_change(lambda event: shown.append(list(body.children)))
     await session.with_document_locked(document.callbacks.trigger_event, DocumentReady())
-    await async_poll_for(lambda: len(body.children) == 5, timeout=10)
+    # Bokeh 3.10 changes the document in a thread: wait for the change to be announced.
+    await async_poll_for(lambda: shown and len(shown[-1]) == 5, timeout=10)
     assert list(body.children) == in_order  # each part at its place on the page
     added = [next(part for part in now if part not in before)
              for before, now in pairwise([[], *shown]) if len(now) > len(before)]
@@ -402,6 +403,7 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
     steps.update()
     check = SelectionCheck(data, selection, [steps])
     selector = ScopeSelector(s.plugins["crux"], check)
+    selector.update()  # the page's first update lists them, on the event loop
 
     async def checked() -> None:  # found off the event loop, then applied
         await async_poll_for(lambda: not check.busy(), 10)

@@ -16,8 +16,8 @@ the longest delay past that.  Each phase is measured apart:
 ``dashboard``
     the Crux tab's pages fetched over HTTP, each building its components and,
     within a few seconds, showing the graph's critical path (served by the
-    graph process and relayed by the scheduler, the default; served by the
-    scheduler itself with ``--graph-process false``); beside them,
+    scheduler, what they show computed in the graph process, the default, or
+    in a thread of the scheduler with ``--graph-process false``); beside them,
     for reference, pages of distributed's own dashboard (``/status``, the
     task stream, the progress bars): making a Bokeh document of a page
     holds the loop whatever the page shows.  With ``--browser``, the pages

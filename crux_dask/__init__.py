@@ -21,7 +21,7 @@ _EXPORTS = {
     "encode_batch": "crux_dask.codec",
     "CriticalPath": "crux_dask.wcp",
     "MutationKind": "crux_dask.model",
-    "PAGBuilder": "crux_dask.build.builder",
+    "PAGBuilder": "crux_dask.graph.builder",
     "PAGStore": "crux_dask.store",
     "ProvenanceError": "crux_dask.provenance",
     "read_parquet": "crux_dask.provenance",

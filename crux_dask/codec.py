@@ -102,7 +102,7 @@ class Batch:
 
     @property
     def events(self) -> list[tuple]:
-        """The events as tuples, for :meth:`crux_dask.build.builder.PAGBuilder.apply`."""
+        """The events as tuples, for :meth:`crux_dask.graph.builder.PAGBuilder.apply`."""
         return self.rows if self.rows is not None else self.columns.events()
 
 

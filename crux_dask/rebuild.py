@@ -3,7 +3,7 @@
 An exported run holds its states and mutations; the columns the builder kept
 as it went (each state's start, ready time and last-arriving input, and the
 graph's end) are derived here with the same rules
-(:mod:`crux_dask.build.rules`), so that a run read back from Parquet gives the
+(:mod:`crux_dask.graph.rules`), so that a run read back from Parquet gives the
 critical path the live dashboard showed.
 """
 
@@ -14,7 +14,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from crux_dask.build import rules
+from crux_dask.graph import rules
 from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.store import NO_THREAD, PAGStore, Strings, StringTable
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crux_dask.build import rules
+from crux_dask.graph import rules
 from crux_dask.path import CATEGORIES, NO_STEPS, CriticalPath, Steps
 from crux_dask.store import PAGStore
 

@@ -107,7 +107,7 @@ class WhatIf:
 
 def predicted_pag(run: Run, schedule: Schedule):
     """A PAG of the predicted run, built by :class:`~crux_dask.PAGBuilder` from its events."""
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
 
     store = run.store
     keys = np.asarray(store.keys.values, dtype=object)[store.column("state_key", run.state)]

@@ -31,10 +31,10 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.utils import log_errors
 
-from crux_dask.build.rules import key_label
 from crux_dask.dashboard.callbacks import on_change
 from crux_dask.dashboard.data import Component, GraphView, Source, kept
 from crux_dask.dashboard.datatables import table_columns
+from crux_dask.graph.rules import key_label
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 

@@ -118,9 +118,8 @@ def insert_in_place(layout: Any, position: int, part: Any, shown: list[int]) -> 
 def reload_when_served_again(doc: Document) -> None:
     """Have the browser reload the page shown by ``doc`` once its server is back.
 
-    A page relayed from the graph process loses its websocket when that
-    process dies, and the scheduler serves the pages itself from then on; a
-    scheduler that restarts serves them again.  BokehJS only announces the
+    A page loses its websocket when its scheduler goes away; a scheduler that
+    restarts serves it again.  BokehJS only announces the
     loss (``ConnectionLost``, once per attempt to reconnect): the page then
     asks for itself until it is answered, and reloads.  While nothing answers
     it keeps showing what it showed.
@@ -424,9 +423,8 @@ def individual_page(cls: type, data: Source) -> Callable[[Document], None]:
 def page_makers(host: Any, extra: dict) -> dict[str, Callable[[], Callable[[Document], None]]]:
     """Route -> what makes that page (see :class:`MadeOffLoop`), reading ``host``'s graph.
 
-    ``host`` is what the pages read: the scheduler plugin, or, in the graph's
-    own process, :class:`~crux_dask.dashboard.apart.ProcessHost`.  ``extra``
-    are the dashboard template's variables.
+    ``host`` is what the pages read: the scheduler plugin.  ``extra`` are the
+    dashboard template's variables.
     """
     data = live_source(host)
     pages = {"/crux": functools.partial(crux_page, data, Runs(host), extra)}

@@ -1,8 +1,4 @@
-"""The Crux tab in the scheduler's dashboard: the tab, the individual pages, their listing.
-
-A scheduler whose graph is built in a process of its own relays the pages
-(see :mod:`.relay`) and never imports them.
-"""
+"""The Crux tab in the scheduler's dashboard: the tab, the individual pages, their listing."""
 
 from __future__ import annotations
 
@@ -13,8 +9,6 @@ from bokeh.server.server import BokehTornado
 from bokeh.server.util import create_hosts_allowlist
 from distributed.dashboard.scheduler import template_variables
 from tornado.ioloop import IOLoop
-
-from crux_dask.plugins.graph_process import GraphProcess
 
 if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
@@ -30,20 +24,16 @@ INDIVIDUAL_PAGES = ("/individual-crux-timeline", "/individual-crux-breakdown",
 def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     """Add the Crux pages to the scheduler's dashboard; ``False`` if it has none.
 
-    Under the same prefix and with the same settings as distributed's own
-    pages.  If the graph is built in a process of its own, that process
-    serves them and the scheduler relays them (see :mod:`.relay`): making,
-    encoding and collecting a page's Bokeh document, tens of milliseconds
-    each, stay off the scheduler's event loop.  Else, or once that process is
-    gone, the scheduler serves them itself (see :mod:`.pages`).
+    Served by the scheduler's web server, under the same prefix and with the
+    same settings as distributed's own pages (see :mod:`.pages`); what they
+    show is computed where the graph is built.
     """
     application = getattr(scheduler, "http_application", None)
     existing = [app for app in getattr(application, "applications", [])
                 if isinstance(app, BokehTornado)]
     if not existing:
         return False
-    if any("/crux" in app.app_paths for app in existing) or getattr(
-            application, "crux_relayed", False):
+    if any("/crux" in app.app_paths for app in existing):
         return True  # installed already (the plugin was registered again)
     variables = template_variables(scheduler)
     if "crux" not in variables["pages"]:
@@ -59,21 +49,12 @@ def install_pages(scheduler: Any, plugin: CruxSchedulerPlugin) -> bool:
     origins = create_hosts_allowlist(bokeh.pop("allow_websocket_origin"),
                                      scheduler.http_server.port)
     settings = {"prefix": prefix, "origins": origins, "bokeh": bokeh}
-    def serve_here() -> None:
-        from crux_dask.dashboard.pages import pages_application
+    from crux_dask.dashboard.pages import pages_application
 
-        app = pages_application(plugin, extra, settings)
-        application.add_application(app)
-        app.initialize(IOLoop.current())
-        app.start()
-
-    if isinstance(plugin.ingest, GraphProcess):
-        from crux_dask.dashboard.relay import install_relay
-
-        install_relay(scheduler, plugin, ["/crux", *INDIVIDUAL_PAGES],
-                      {**settings, "extra": extra}, fall_back=serve_here)
-    else:
-        serve_here()
+    app = pages_application(plugin, extra, settings)
+    application.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
     list_individual_pages(application)
     return True
 

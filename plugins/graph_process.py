@@ -18,10 +18,6 @@ spooled segment is announced once it is written.  Paths and the table of
 computations are computed in the process, on its graph
 (:meth:`GraphProcess.analyse`).
 
-The process also serves the Crux pages once the dashboard first asks for one
-(:meth:`GraphProcess.pages`, see :mod:`crux_dask.dashboard.apart`), which the
-scheduler relays; it sends the process its computations and spans for them.
-
 If the process dies, what it sent stays readable; events recorded afterwards
 are counted as dropped.
 """
@@ -46,7 +42,6 @@ import uuid
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -98,7 +93,7 @@ _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected
                      "events_from_workers", "hook_errors", "events_dropped",
                      "file_lists_received", "file_lists_rejected", "tasks_reported")
 #: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
-_QUESTIONS = frozenset({"drain", "external", "analyse", "pages", "piece"})
+_QUESTIONS = frozenset({"drain", "external", "analyse", "piece"})
 #: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
 #: the oldest beyond are let go.  The scheduler lets go of what it no longer reads (and
 #: keeps at most ``STAGED_MAX`` stagings, of two answers each): this bounds the rest.
@@ -412,8 +407,6 @@ class GraphProcess(Recorder):
         self._frames = Frames(2 * READ_BYTES)
         self._paused = False  # not reading the pipe: messages read already wait
         self._started = False  # the writer, which starts the process
-        self._pages: asyncio.Future | None = None
-        self._scopes_sent: list[Any] | None = None
         self._queued_bytes = 0  # of the workers' batches in the queue
 
     # -- lifecycle ----------------------------------------------------------------
@@ -546,20 +539,6 @@ class GraphProcess(Recorder):
         a time.  The process applies no event meanwhile.
         """
         return await self._ask("analyse", function, args)
-
-    def pages(self, settings: dict[str, Any]) -> asyncio.Future:
-        """The port of the Bokeh server that serves the Crux pages in the process (on the
-        local interface), started at the first call with ``settings`` (see
-        :func:`crux_dask.dashboard.apart.serve_pages`)."""
-        if self._pages is None or not self.alive:  # gone: the future says so
-            self._pages = self._ask("pages", settings)
-        return self._pages
-
-    def send_scopes(self, scopes: list[Any]) -> None:
-        """Send the scheduler's computations and spans, if they changed, for the pages."""
-        if self.alive and self._started and scopes != self._scopes_sent:
-            self._scopes_sent = scopes
-            self._post(("scopes", scopes))
 
     def _ask(self, *question: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -795,7 +774,7 @@ if "forkserver" in multiprocessing.get_all_start_methods():  # not on Windows
 def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> None:
     """Apply what the scheduler sends (``inbox``), send back (``outbox``) what the graph
     grew by, until ``close`` or until the scheduler is gone."""
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
     from crux_dask.plugins.ingest import Ingest
     from crux_dask.plugins.spool import Spool
 
@@ -808,21 +787,15 @@ def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> No
     # What the process holds by now, its modules' objects, is never garbage: left out
     # of the collector's walks (one full collection of them took 37 ms here).
     gc.freeze()
-    pages: dict[str, Any] = {}  # what the pages read, once they are asked for
     idle_wait = settings["apply_interval"]
     try:
         while True:
             busy = bool(ingest.queue or ingest.backlog)
-            host = pages.get("host")
-            ready = wait([inbox] if host is None else [inbox, host.wake],
-                         0 if busy else idle_wait)
-            if host is not None:
-                host.answer()  # what the pages asked, between two slices
-            if inbox in ready:
+            if inbox.poll(0 if busy else idle_wait):
                 message = inbox.recv()
                 if message[0] == "close":
                     break
-                _handle(message, ingest, shipper, pages)
+                _handle(message, ingest, shipper)
                 continue
             if busy:
                 ingest.apply_slice()
@@ -841,27 +814,10 @@ def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> No
         outbox.send(("closed",))
 
 
-def _handle(message: tuple, ingest: Any, shipper: _Shipper, pages: dict[str, Any]) -> None:
+def _handle(message: tuple, ingest: Any, shipper: _Shipper) -> None:
     kind = message[0]
     if kind == "entries":
         ingest.take(message[1])
-    elif kind == "scopes":
-        if "host" in pages:
-            pages["host"].known_scopes = message[1]
-    elif kind == "pages":  # the pages' server: started once, from here
-        _, number, page_settings = message
-        try:
-            if "port" not in pages:
-                from crux_dask.dashboard.apart import ProcessHost, serve_pages
-
-                host = ProcessHost(ingest)
-                pages["port"] = serve_pages(host, page_settings)
-                pages["host"] = host
-        except Exception as error:
-            logger.exception("Crux's graph process could not serve the pages")
-            shipper.answer(number, None, RuntimeError(f"could not serve the pages: {error!r}"))
-        else:
-            shipper.answer(number, pages["port"])
     elif kind == "drain":
         while ingest.queue or ingest.backlog:
             ingest.apply_slice()

@@ -46,7 +46,7 @@ from crux_dask.plugins.tasks import (
 )
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
     from crux_dask.plugins.spool import Spool
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from crux_dask.build.builder import PAGBuilder
+from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
 from crux_dask.plugins.ingest import LOST, Ingest
@@ -171,9 +171,6 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             callback.stop()
         if self.scheduler is not None:
             self.scheduler.periodic_callbacks.pop("crux-apply", None)
-            scopes = self.scheduler.periodic_callbacks.pop("crux-scopes", None)  # the relay's
-            if scopes is not None:
-                scopes.stop()
         for staging in getattr(self, "staged", {}).values():  # never to be fetched now
             staging.release()
         if isinstance(getattr(self, "ingest", None), GraphProcess):
@@ -293,7 +290,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """Add a mutation reported by an application outside Dask; return the new state's id.
 
         Applied at once, on the graph applied so far, as
-        :meth:`crux_dask.build.PAGBuilder.external` does (``ValueError`` for
+        :meth:`crux_dask.graph.PAGBuilder.external` does (``ValueError`` for
         an unknown source state or kind); the state is in :attr:`builder`
         when this returns.
         """

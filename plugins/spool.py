@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build.builder import PAGBuilder
+from crux_dask.graph.builder import PAGBuilder
 
 if TYPE_CHECKING:
     from crux_dask.pag import PAG

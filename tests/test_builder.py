@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import crux_dask.build.feed as feed_module
+import crux_dask.graph.feed as feed_module
 from crux_dask import PAGBuilder
-from crux_dask.build import rules
 from crux_dask.events import Compute
+from crux_dask.graph import rules
 
 A = "tcp://127.0.0.1:1001"
 B = "tcp://127.0.0.1:1002"

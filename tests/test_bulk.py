@@ -9,7 +9,7 @@ from array import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import crux_dask.build.feed as feed_module
+import crux_dask.graph.feed as feed_module
 from crux_dask import BatchError, PAGBuilder, decode_batch, encode_batch
 from crux_dask.columns import EventColumns
 from crux_dask.events import parse

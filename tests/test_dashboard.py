@@ -85,49 +85,6 @@ async def test_pages_answer_and_the_tab_is_listed(c, s, a, b):
         assert code == 200, route
 
 
-@gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
-async def test_the_graph_process_serves_the_pages_and_the_scheduler_relays_them(c, s, a, b):
-    """With a graph process, the scheduler holds no Crux page: it passes them on.  If the
-    process dies, the scheduler serves the pages itself, from the graph it received, and
-    so does the JSON API."""
-    import signal
-
-    await crux_dask.attach(c)
-    await c.compute(diamond())
-    plugin = s.plugins["crux"]
-    code, page = await fetch(s, "/individual-crux-steps")
-    assert code == 200 and "Dask: Crux StepsTable" in page
-    assert not any("/individual-crux-steps" in getattr(app, "app_paths", ())
-                   for app in s.http_application.applications)
-    port = await plugin.ingest.pages({})  # the process's server, started by the first page
-    direct = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{port}/individual-crux-steps")
-    assert direct.code == 200 and b"Dask: Crux StepsTable" in direct.body
-    code, metadata = await fetch(s, "/individual-crux-steps/metadata")
-    assert code == 200 and json.loads(metadata)["url"] == "/individual-crux-steps"
-    code, _ = await fetch(s, "/individual-crux-nothing")
-    assert code == 404  # only the Crux pages are relayed
-
-    await crux_dask.flush(c)
-    states = plugin.builder.store.n_states
-    os.kill(plugin.ingest.remote["pid"], signal.SIGKILL)
-    await async_poll_for(lambda: not plugin.graph_apart, timeout=10)
-    code, page = await fetch(s, "/individual-crux-steps")
-    assert code == 200 and "Dask: Crux StepsTable" in page
-    (served,) = [app for app in s.http_application.applications
-                 if "/individual-crux-steps" in getattr(app, "app_paths", ())]
-    (session,) = served.get_sessions("/individual-crux-steps")
-    path = await crux_dask.get_wcp(c)  # from the scheduler's copy
-
-    def shown() -> bool:  # the steps table comes with the page's parts (5 s at the latest)
-        steps = session.document.select_one({"name": "crux-steps"})
-        return steps is not None and list(steps.source.data["key"]) == path.steps[
-            "key"].tolist()
-
-    await async_poll_for(shown, timeout=20)
-    code, body = await fetch(s, "/crux/api/v1/stats")
-    assert code == 200 and json.loads(body)["states"] == states
-
-
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.graph-process": False})
 async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
     """The page's components are made off the event loop; the document gets them one
@@ -759,7 +716,7 @@ def watched_cluster(apart: bool = True):
         driver.quit()
 
 
-@pytest.mark.parametrize("apart", [True, False], ids=["relayed", "served"])
+@pytest.mark.parametrize("apart", [True, False], ids=["graph-process", "in-scheduler"])
 def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch, apart):
     from selenium.webdriver.common.by import By
 
@@ -797,12 +754,7 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
             return shown;""")
         keys = path.steps["key"].tolist()
         assert shown == {"crux-timeline-bars": keys, "crux-steps": keys}  # all, in order
-        if not apart:  # what the scheduler's process did (the graph process's is apart)
-            assert set(streamed) == {1} and len(streamed) >= 2 * (len(path) - 1)
-        else:  # no page in the scheduler: the graph process served it
-            assert streamed == [] and not any(
-                "/crux" in getattr(app, "app_paths", ())
-                for app in c.cluster.scheduler.http_application.applications)
+        assert set(streamed) == {1} and len(streamed) >= 2 * (len(path) - 1)
         runs = driver.execute_script("""
             for (const doc of Bokeh.documents) {
                 const select = doc.get_model_by_name('crux-run');
@@ -827,29 +779,43 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
         assert console_errors(driver) == []
 
 
-def test_a_relayed_page_reloads_itself_when_the_graph_process_dies():
-    """The graph process serving a page dies: the relayed websocket closes, the scheduler
-    serves the pages itself from then on, and the open page reloads itself to show the
-    same path from the scheduler, with no error in the browser's console."""
+def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
+    """The graph process computing what a page shows dies: the page, which the scheduler
+    serves, keeps its websocket, and the path of a span chosen afterwards is found from
+    the graph the scheduler received, with no error in the browser's console."""
     import signal
 
+    import distributed
     from selenium.webdriver.support.ui import WebDriverWait
 
     with watched_cluster(apart=True) as (driver, c, url):
-        dask.compute(diamond())
-        path = crux_dask.get_wcp(c)
+        with distributed.span("first"):
+            dask.compute(diamond())
+        with distributed.span("second"):
+            dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
+        whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
+        assert len(whole) != len(first)
         driver.get(f"{url}/crux")
-        assert rendered_bars(driver) == len(path)
+        assert rendered_bars(driver) == len(whole)
         driver.execute_script("window.cruxFirstLoad = true;")  # gone with a reload
         crux = c.cluster.scheduler.plugins["crux"]
         os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
         WebDriverWait(driver, 30, poll_frequency=0.25).until(
-            lambda driver: driver.execute_script("return window.cruxFirstLoad === undefined"),
-            "the page did not reload itself")
-        assert rendered_bars(driver) == len(path)
-        assert not crux.ingest.alive
-        assert any("/crux" in getattr(app, "app_paths", ())  # now the scheduler's own page
-                   for app in c.cluster.scheduler.http_application.applications)
+            lambda driver: not crux.ingest.alive, "the graph process was not seen to die")
+        chosen = driver.execute_script("""
+            for (const doc of Bokeh.documents) {
+                const select = doc.get_model_by_name('crux-scope');
+                if (select) {
+                    const option = select.options.find((o) => o[1] === 'span: first');
+                    select.value = option[0];
+                    return option[0];
+                }
+            }
+            return null;""")
+        assert chosen and chosen.startswith("span:")
+        WebDriverWait(driver, 30, poll_frequency=0.25).until(
+            lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+        assert driver.execute_script("return window.cruxFirstLoad === true")  # not reloaded
         assert console_errors(driver) == []
 
 

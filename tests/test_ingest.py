@@ -11,10 +11,10 @@ from distributed.utils_test import async_poll_for, gen_cluster, gen_test
 from tornado.httpclient import AsyncHTTPClient
 
 import crux_dask
-from crux_dask.build.builder import PAGBuilder
 from crux_dask.codec import encode_batch
 from crux_dask.dashboard.data import live_source
 from crux_dask.dashboard.steps import StepsTable
+from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import FILES
 from crux_dask.plugins.spool import Spool

@@ -11,7 +11,7 @@ import pytest
 
 #: What a worker must never load: the builder, the analyses, the dashboard, and
 #: the scheduler side of the plugins.
-SCHEDULER_ONLY = ("crux_dask.build", "crux_dask.pag", "crux_dask.wcp", "crux_dask.provenance",
+SCHEDULER_ONLY = ("crux_dask.graph", "crux_dask.pag", "crux_dask.wcp", "crux_dask.provenance",
                   "crux_dask.dashboard", "crux_dask.plugins.scheduler",
                   "crux_dask.plugins.ingest", "crux_dask.plugins.spool",
                   "crux_dask.plugins.api")
@@ -62,15 +62,14 @@ def test_a_scheduler_loads_pandas_only_for_what_needs_it():
         "            await s.plugins['crux'].ingest.drain()\n"
         "            assert s.plugins['crux'].stats()['states'] > 21  # the tasks' states\n"
         "asyncio.run(main())")
-    assert "crux_dask.dashboard.relay" in modules  # the Crux tab is installed, relayed:
-    assert "crux_dask.dashboard.pages" not in modules  # the graph process has the pages
+    assert "crux_dask.dashboard.pages" in modules  # the Crux tab is installed
     assert [name for name in ("pandas", "pyarrow") if name in modules] == []
 
 
 def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
     """A function a client runs on the scheduler is imported there, on its event loop:
     flushing, stats, the graph and its path leave pandas out of a scheduler process.  So
-    do the Crux pages, which its graph process serves."""
+    do the Crux pages, whose contents its graph process computes."""
     import dask
     from distributed import Client
 
@@ -104,7 +103,6 @@ def test_the_client_api_loads_no_pandas_into_the_scheduler(tmp_path):
                     with urllib.request.urlopen(dashboard + page, timeout=60) as answer:
                         assert answer.status == 200
                 assert not client.run_on_scheduler(loaded, "pandas")
-                assert not client.run_on_scheduler(loaded, "crux_dask.dashboard.pages")
         finally:
             for process in (worker, scheduler):
                 if process is not None:

@@ -8,8 +8,8 @@ from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.utils_test import async_poll_for, gen_cluster, inc
 
 import crux_dask
-from crux_dask.build.builder import PAGBuilder
 from crux_dask.codec import encode_batch
+from crux_dask.graph.builder import PAGBuilder
 from crux_dask.model import CLIENT, memory_location
 from crux_dask.plugins.ingest import LOST, Ingest
 from crux_dask.plugins.protocol import REPORT_FIELDS

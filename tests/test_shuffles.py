@@ -13,10 +13,10 @@ from distributed.utils_test import async_poll_for
 
 import crux_dask
 from crux_dask import PAGBuilder
-from crux_dask.build import feed as feed_module
-from crux_dask.build.shuffles import Shuffles
 from crux_dask.codec import decode_batch, encode_batch
 from crux_dask.events import TYPES
+from crux_dask.graph import feed as feed_module
+from crux_dask.graph.shuffles import Shuffles
 from crux_dask.model import BARRIER_LABEL, RECEIVED_LABEL, SHARDS_LABEL, received_key, shard_key
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins.shuffles import ShardRecorder, shard_bytes

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from crux_dask.build import rules
 from crux_dask.events import FileAccess
+from crux_dask.graph import rules
 from crux_dask.model import (
     CLIENT,
     MutationKind,
@@ -23,7 +23,7 @@ from crux_dask.model import (
 )
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
     from crux_dask.store import PAGStore
 
 __all__ = ["RELEASES_CARRIED", "continue_from", "external", "file_access", "lose",

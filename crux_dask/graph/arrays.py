@@ -11,7 +11,7 @@ from crux_dask.columns import EventColumns
 from crux_dask.store import PAGStore
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
 
 __all__ = ["as_of", "codes", "encode", "extend", "first", "follow", "same", "values_of"]
 

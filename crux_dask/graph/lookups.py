@@ -4,7 +4,7 @@ the data a release releases.
 Workers report on their own schedule: an input fetched from another worker,
 or the task whose completion released a task from the scheduler's queue, may
 be reported after the event that needs it.  Such an event waits
-(:mod:`crux_dask.build.waiting`) until the state appears; once it has waited
+(:mod:`crux_dask.graph.waiting`) until the state appears; once it has waited
 long enough it takes the best stand-in, or goes without the cause.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import operations
 from crux_dask.events import Compute
+from crux_dask.graph import operations
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
 
 __all__ = ["WAITS", "freed_by", "held", "missing", "released_at", "unheld"]
 

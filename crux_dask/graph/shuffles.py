@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import lookups
 from crux_dask.events import Shard
+from crux_dask.graph import lookups
 from crux_dask.model import (
     BARRIER_LABEL,
     RECEIVED_LABEL,
@@ -37,7 +37,7 @@ from crux_dask.model import (
 )
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
 
 __all__ = ["Shuffles", "shard"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build.window import apply_window
 from crux_dask.codec import decode_batch
 from crux_dask.columns import COLUMNS_FROM, EventColumns
+from crux_dask.graph.window import apply_window
 
 if TYPE_CHECKING:
-    from crux_dask.build.builder import PAGBuilder
+    from crux_dask.graph.builder import PAGBuilder
 
 __all__ = ["WINDOW_MAX", "Feed"]
 

@@ -1,7 +1,7 @@
 """Turn data-state events into a program activity graph.
 
 The builder applies the mapping rules of the data model
-(:mod:`crux_dask.build.rules`):
+(:mod:`crux_dask.graph.rules`):
 
 * a graph reaching the scheduler creates a ``root`` state;
 * a task computed on worker ``W`` from inputs ``D1..Dn`` (each a state in
@@ -15,8 +15,8 @@ The builder applies the mapping rules of the data model
 Events are the records of :mod:`crux_dask.events` (or plain tuples of the same
 fields), or the same events in columns (:class:`~crux_dask.columns.EventColumns`,
 what the wire format carries).  Runs of routine events in columns are applied a
-window at a time by :mod:`crux_dask.build.window`, with the same result.  An
-event whose input is not known yet waits (:mod:`crux_dask.build.waiting`).
+window at a time by :mod:`crux_dask.graph.window`, with the same result.  An
+event whose input is not known yet waits (:mod:`crux_dask.graph.waiting`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import index
 from typing import TYPE_CHECKING, Any
 
-from crux_dask.build import lookups, operations, rules, shuffles
-from crux_dask.build.feed import Feed, OnError
-from crux_dask.build.holdings import Holdings
-from crux_dask.build.places import Places
-from crux_dask.build.waiting import Waiting
 from crux_dask.columns import EventColumns
 from crux_dask.events import Compute, Delete, FileAccess, Root, Shard, Transfer, parse
+from crux_dask.graph import lookups, operations, rules, shuffles
+from crux_dask.graph.feed import Feed, OnError
+from crux_dask.graph.holdings import Holdings
+from crux_dask.graph.places import Places
+from crux_dask.graph.waiting import Waiting
 from crux_dask.model import ROOT, CauseKind, MutationKind, file_path, shard_key
 from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
 
@@ -82,7 +82,7 @@ class PAGBuilder:
         because their worker was lost.
     released_before : dict
         The copies the segment before this one released last, by ``(key,
-        location code)``: see :func:`~crux_dask.build.operations.released_before`.
+        location code)``: see :func:`~crux_dask.graph.operations.released_before`.
     """
 
     def __init__(self, run_id: str | None = None, max_released: int = 50_000) -> None:
@@ -165,7 +165,7 @@ class PAGBuilder:
         ``on_error`` is called with ``(event, exception)`` for an event that
         cannot be applied, and the others go on; without it the exception is
         raised (the events before it stay applied).  Routine events go a
-        window at a time (:mod:`crux_dask.build.feed`).
+        window at a time (:mod:`crux_dask.graph.feed`).
         """
         self.feed.apply_many(events, now, on_error)
 
@@ -375,7 +375,7 @@ class PAGBuilder:
     def resolve_parked(self, older_than: float | None = None) -> int:
         """Apply waiting events with the best input available; return how many.
 
-        See :meth:`~crux_dask.build.waiting.Waiting.resolve`.
+        See :meth:`~crux_dask.graph.waiting.Waiting.resolve`.
 
         Parameters
         ----------

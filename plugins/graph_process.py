@@ -28,20 +28,21 @@ import asyncio
 import contextlib
 import functools
 import gc
-import io
 import itertools
 import logging
 import math
-import multiprocessing
 import os
 import pickle
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -55,8 +56,6 @@ from crux_dask.plugins.staging import KeptPieces, Pieces
 from crux_dask.store import ChunkedColumn, PAGStore, StringTable
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-
     from crux_dask.plugins.spool import Spool
 
 logger = logging.getLogger(__name__)
@@ -412,7 +411,7 @@ class GraphProcess(Recorder):
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
         """Be ready to start the process, which starts with the first thing to send
-        beyond roots (from the writer thread: the first start of a fork server takes
+        beyond roots (from the writer thread: starting the process takes
         a while)."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
@@ -426,23 +425,14 @@ class GraphProcess(Recorder):
             self.alive = False  # never to start
             return
         self._post(("close",))
-        # One still starting (a fork server's first start takes a while) reads "close"
-        # once started, with nothing applied to wait for.
+        # One still starting (importing this package) reads "close" once started, with
+        # nothing applied to wait for.
         process = self._process
         if process is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), timeout)
-            if process.is_alive():  # it said it closed, or it is stuck: a second at most
-                exited = self._loop.create_future()
-                self._loop.add_reader(process.sentinel, lambda: exited.done()
-                                      or exited.set_result(None))
-                try:
-                    await asyncio.wait_for(exited, 1.0)
-                except TimeoutError:
-                    process.kill()
-                finally:
-                    self._loop.remove_reader(process.sentinel)
-            process.join(1)
+            # It said it closed, or it is stuck: a second at most.
+            await self._loop.run_in_executor(None, _ended, process, 1.0)
         self._stop_listening()
         self.alive = False  # asks nothing more of it
         self._fail_answers("Crux's graph process is closed")
@@ -609,18 +599,21 @@ class GraphProcess(Recorder):
             future.set_exception(error)
 
     def _spawn(self) -> None:
-        context = multiprocessing.get_context("forkserver")
-        # What every graph process needs, imported once by the fork server.
-        context.set_forkserver_preload([__name__, "crux_dask.plugins.spool",
-                                        "crux_dask.plugins.scopes"])
-        inbox, process_outbox = context.Pipe(duplex=False)
-        process_inbox, outbox = context.Pipe(duplex=False)
-        process = _Process(target=serve, args=(process_inbox, process_outbox, self.settings),
-                           name="crux-graph", daemon=True)
-        process.start()
-        process_inbox.close()
-        process_outbox.close()
-        self._process, self._outbox = process, outbox
+        """Start the process: this module run by the interpreter running the scheduler,
+        which imports this package and not the scheduler's main module, over two pipes."""
+        process_inbox, outbox = os.pipe()
+        inbox, process_outbox = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(process_inbox), str(process_outbox)],
+                pass_fds=(process_inbox, process_outbox), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(process_inbox)
+            os.close(process_outbox)
+        self._process = process
+        self._outbox = Connection(outbox, readable=False)
+        inbox = Connection(inbox, writable=False)
+        self._outbox.send({**self.settings, "sys_path": sys.path})
         self.remote["pid"] = process.pid
         try:
             self._loop.call_soon_threadsafe(self._listen, inbox)
@@ -732,42 +725,13 @@ class GraphProcess(Recorder):
         self._fail_answers(f"Crux's graph process is gone ({why})")
 
 
-if "forkserver" in multiprocessing.get_all_start_methods():  # not on Windows
-    from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
-
-    class _Popen(popen_forkserver.Popen):
-        """Starts a fork server's child as multiprocessing does, without the main module.
-
-        A child of a fork server imports the parent's main module first (to
-        find what was pickled by reference to it): a script without an ``if
-        __name__ == "__main__"`` guard would run again in it, and any other
-        would be imported again, with what it imports.  The graph process
-        needs only this package, which the fork server imported.
-        """
-
-        def _launch(self, process_obj: Any) -> None:
-            data = spawn.get_preparation_data(process_obj._name)
-            data.pop("init_main_from_name", None)
-            data.pop("init_main_from_path", None)
-            buffer = io.BytesIO()
-            context.set_spawning_popen(self)
-            try:
-                reduction.dump(data, buffer)
-                reduction.dump(process_obj, buffer)
-            finally:
-                context.set_spawning_popen(None)
-            self.sentinel, w = forkserver.connect_to_new_process(self._fds)
-            # As multiprocessing does: a copy of the write end tells the child its parent lives.
-            parent_w = os.dup(w)
-            self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
-            with open(w, "wb", closefd=True) as f:
-                f.write(buffer.getbuffer())
-            self.pid = forkserver.read_signed(self.sentinel)
-
-    class _Process(multiprocessing.get_context("forkserver").Process):
-        @staticmethod
-        def _Popen(process_obj: Any) -> _Popen:
-            return _Popen(process_obj)
+def _ended(process: subprocess.Popen, timeout: float) -> None:
+    """Wait ``timeout`` seconds for ``process`` to end, then kill it."""
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 # -- the process ---------------------------------------------------------------------
@@ -930,3 +894,18 @@ class _Shipper:
         except (pickle.PicklingError, TypeError, AttributeError) as failure:
             self.connection.send(("answer", number, None, RuntimeError(
                 f"the graph process could not send its answer: {failure!r}")))
+
+
+def main(inbox: int, outbox: int) -> None:
+    """The graph process: :func:`serve` on the pipes ``inbox`` and ``outbox`` (file
+    descriptors), with the settings the scheduler sends first."""
+    receiving, sending = Connection(inbox, writable=False), Connection(outbox, readable=False)
+    settings = receiving.recv()
+    sys.path[:] = settings.pop("sys_path")  # where the functions it is asked to run live
+    serve(receiving, sending, settings)
+
+
+if __name__ == "__main__":  # python -m crux_dask.plugins.graph_process INBOX OUTBOX
+    from crux_dask.plugins.graph_process import main as _main  # by its name, as it pickles
+
+    _main(*map(int, sys.argv[1:3]))

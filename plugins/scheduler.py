@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -131,14 +131,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.spool = Spool(self.max_states, self.spool_dir)
-        if (self.graph_process and not multiprocessing.current_process().daemon
-                and "forkserver" in multiprocessing.get_all_start_methods()):
+        if self.graph_process and os.name == "posix":  # it passes pipes to a child
             self.ingest = GraphProcess(self.spool, {
                 "max_pending": self.max_pending_events, "park_timeout": self.park_timeout,
                 "max_states": self.max_states, "spool_dir": self.spool_dir,
                 "apply_interval": self.apply_interval})
             self.ingest.start()
-        else:  # a daemonic process has no children; a fork server is for Unix
+        else:
             self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
                                  park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}

@@ -691,6 +691,25 @@ def rendered_bars(driver, timeout: float = 30.0) -> int:
     return wait.until(drawn, "the timeline drew no bars")
 
 
+def choose_span(driver, name: str, steps: int) -> None:
+    """Choose the span ``name`` on the page, and wait for its path of ``steps`` steps."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chosen = driver.execute_script("""
+        for (const doc of Bokeh.documents) {
+            const select = doc.get_model_by_name('crux-scope');
+            if (select) {
+                const option = select.options.find((o) => o[1] === arguments[0]);
+                select.value = option[0];
+                return option[0];
+            }
+        }
+        return null;""", f"span: {name}")
+    assert chosen and chosen.startswith("span:")
+    WebDriverWait(driver, 30, poll_frequency=0.25).until(
+        lambda d: rendered_bars(d) == steps, "the timeline kept the whole run")
+
+
 def console_errors(driver) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser")
             if entry["level"] == "SEVERE" and "favicon" not in entry["message"]]
@@ -802,19 +821,7 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
         os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
         WebDriverWait(driver, 30, poll_frequency=0.25).until(
             lambda driver: not crux.ingest.alive, "the graph process was not seen to die")
-        chosen = driver.execute_script("""
-            for (const doc of Bokeh.documents) {
-                const select = doc.get_model_by_name('crux-scope');
-                if (select) {
-                    const option = select.options.find((o) => o[1] === 'span: first');
-                    select.value = option[0];
-                    return option[0];
-                }
-            }
-            return null;""")
-        assert chosen and chosen.startswith("span:")
-        WebDriverWait(driver, 30, poll_frequency=0.25).until(
-            lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+        choose_span(driver, "first", len(first))
         assert driver.execute_script("return window.cruxFirstLoad === true")  # not reloaded
         assert console_errors(driver) == []
 
@@ -822,7 +829,6 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
 def test_browser_switches_the_path_to_one_span(tmp_path):
     import distributed
     from distributed.utils import key_split_group
-    from selenium.webdriver.support.ui import WebDriverWait
 
     with watched_cluster() as (driver, c, url):
         with distributed.span("first"):
@@ -833,19 +839,7 @@ def test_browser_switches_the_path_to_one_span(tmp_path):
         assert len(whole) != len(first)
         driver.get(f"{url}/crux")
         assert rendered_bars(driver) == len(whole)
-        chosen = driver.execute_script("""
-            for (const doc of Bokeh.documents) {
-                const select = doc.get_model_by_name('crux-scope');
-                if (select) {
-                    const option = select.options.find((o) => o[1] === 'span: first');
-                    select.value = option[0];
-                    return option[0];
-                }
-            }
-            return null;""")
-        assert chosen and chosen.startswith("span:")
-        WebDriverWait(driver, 30, poll_frequency=0.25).until(
-            lambda d: rendered_bars(d) == len(first), "the timeline kept the whole run")
+        choose_span(driver, "first", len(first))
         # The map draws the span's path: one hop per change of task group along it.
         groups = [key_split_group(k) for k in first.states["key"]]
         hops = sum(a != b for a, b in pairwise(groups))

@@ -691,6 +691,20 @@ def rendered_bars(driver, timeout: float = 30.0) -> int:
     return wait.until(drawn, "the timeline drew no bars")
 
 
+def paths_of_two_spans(c) -> tuple[crux_dask.CriticalPath, crux_dask.CriticalPath]:
+    """Run a diamond in the span "first" and one task in "second": the whole run's path
+    and that of "first" (of another length)."""
+    import distributed
+
+    with distributed.span("first"):
+        dask.compute(diamond())
+    with distributed.span("second"):
+        dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
+    whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
+    assert len(whole) != len(first)
+    return whole, first
+
+
 def choose_span(driver, name: str, steps: int) -> None:
     """Choose the span ``name`` on the page, and wait for its path of ``steps`` steps."""
     from selenium.webdriver.support.ui import WebDriverWait
@@ -804,16 +818,10 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
     the graph the scheduler received, with no error in the browser's console."""
     import signal
 
-    import distributed
     from selenium.webdriver.support.ui import WebDriverWait
 
     with watched_cluster(apart=True) as (driver, c, url):
-        with distributed.span("first"):
-            dask.compute(diamond())
-        with distributed.span("second"):
-            dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
-        whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
-        assert len(whole) != len(first)
+        whole, first = paths_of_two_spans(c)
         driver.get(f"{url}/crux")
         assert rendered_bars(driver) == len(whole)
         driver.execute_script("window.cruxFirstLoad = true;")  # gone with a reload
@@ -827,16 +835,10 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
 
 
 def test_browser_switches_the_path_to_one_span(tmp_path):
-    import distributed
     from distributed.utils import key_split_group
 
     with watched_cluster() as (driver, c, url):
-        with distributed.span("first"):
-            dask.compute(diamond())
-        with distributed.span("second"):
-            dask.compute(dask.delayed(len)("ab", dask_key_name="two"))
-        whole, first = crux_dask.get_wcp(c), crux_dask.get_wcp(c, span="first")
-        assert len(whole) != len(first)
+        whole, first = paths_of_two_spans(c)
         driver.get(f"{url}/crux")
         assert rendered_bars(driver) == len(whole)
         choose_span(driver, "first", len(first))

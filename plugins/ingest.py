@@ -31,6 +31,7 @@ from tornado.ioloop import IOLoop
 
 from crux_dask.codec import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, BatchError, decode_batch, read_head
 from crux_dask.columns import EventColumns
+from crux_dask.events import event_time
 from crux_dask.plugins.protocol import FOLLOW
 from crux_dask.plugins.tasks import (
     DONE,
@@ -691,15 +692,7 @@ def unpack_reports(tasks: bytes) -> list:
 
 
 def _in_time_order(events: list[tuple]) -> list[tuple]:
-    """``events`` sorted by when they happened (stable); as given if any has no time."""
-    try:
-        return sorted(events, key=_when)
-    except TypeError:  # a time that is not a number: the builder will refuse that event
-        return events
-
-
-def _when(event: tuple) -> float:
-    try:
-        return event[3] if event[0] == "delete" else event[5]
-    except (IndexError, TypeError):
-        return float("-inf")
+    """``events`` sorted by when they happened (stable, by
+    :func:`~crux_dask.events.event_time`: one without a time first, for the builder to
+    refuse)."""
+    return sorted(events, key=event_time)

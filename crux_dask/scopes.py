@@ -137,7 +137,10 @@ class KeyGroups:
             weakref.WeakKeyDictionary())
 
     def __call__(self, store: PAGStore) -> np.ndarray:
-        """The task group of every key of ``store``, by key code."""
+        """The task group of every key of ``store``, by key code: found on the store it is
+        a copy of, if it is one, so that each copy does not find them again."""
+        length = len(store.keys.values)
+        store = store.origin or store
         known = self._known.get(store)
         keys = store.keys.values
         if known is None or len(known) < len(keys):
@@ -146,7 +149,7 @@ class KeyGroups:
             fresh[:] = [self.group_of(key) for key in keys[done:]]
             known = fresh if known is None else np.concatenate([known, fresh])
             self._known[store] = known
-        return known[:len(keys)]
+        return known[:length]
 
 
 def members(store: PAGStore, scope: Scope, groups: np.ndarray,

@@ -402,6 +402,8 @@ class PAGStore:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        #: The store this is a copy of (see :meth:`copy`), which goes on growing.
+        self.origin: PAGStore | None = None
         self.keys = StringTable()  # codes are not unique per key: see key_code
         self.labels = StringTable()
         self.locations = StringTable()
@@ -470,6 +472,7 @@ class PAGStore:
         applied: it is the graph as it was then.
         """
         other = PAGStore(self.run_id)
+        other.origin = self.origin or self
         columns, tables = self._headings(upto)
         for name, typecode in columns.items():
             setattr(other, name, array(typecode))

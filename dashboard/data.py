@@ -58,20 +58,18 @@ class GraphView:
     changes when either does.
 
     The selected critical path is computed once per view and shared by the
-    components that read it.  ``live``: the store is being recorded (it goes
-    on growing, see :meth:`frozen`).  ``analyse``: if the graph is built in a
-    process of its own, the scheduler plugin's
-    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.analyse`, which computes
-    there what a page shows (see :class:`OffLoop`).
+    components that read it.  ``analyse``: for the graph being recorded, the
+    scheduler plugin's :meth:`~crux_dask.plugins.CruxSchedulerPlugin.analyse`,
+    which computes what a page shows where the graph is built (see
+    :class:`OffLoop`); ``None`` for a graph that no longer changes, read in a
+    thread as it is.
     """
 
     store: PAGStore
     end: int
     selection: PathSelection | None = None
-    live: bool = False
     analyse: Callable[..., Awaitable[Any]] | None = None
     _path: CriticalPath | None = None
-    _origin: PAGStore | None = None
 
     @property
     def version(self) -> tuple:
@@ -80,37 +78,14 @@ class GraphView:
                 chosen.start, chosen.end, chosen.method,
                 None if chosen.scope is None else chosen.scope.id)
 
-    def frozen(self) -> Callable[[], GraphView]:
-        """Take, now, what a thread needs to see this view as it is now; the
-        function that makes that view (call it in the thread).
-
-        A live store only grows at its end: its lengths are read now, and the
-        copy up to them is made by the function returned.  Any other store
-        does not change and is shared.
-        """
-        if not self.live:
-            return lambda: self
-        upto, store = self.store.lengths(), self.store
-
-        def make() -> GraphView:
-            return GraphView(store.copy(upto), self.end, self.selection, _origin=store)
-
-        return make
-
     def with_selection(self, selection: PathSelection) -> GraphView:
         """The same graph, with another path selected."""
-        return GraphView(self.store, self.end, selection, self.live, self.analyse,
-                         _origin=self._origin)
+        return GraphView(self.store, self.end, selection, self.analyse)
 
     def key_groups(self) -> np.ndarray:
-        """The task group of every key of the store, by key code.
-
-        Found once per key: those of a copy are those of the live store it
-        was copied from.
-        """
-        if self._origin is None:
-            return cached_key_groups(self.store)
-        return cached_key_groups(self._origin)[:len(self.store.keys)]
+        """The task group of every key of the store, by key code (found once per key,
+        see :class:`~crux_dask.scopes.KeyGroups`)."""
+        return cached_key_groups(self.store)
 
     def wcp(self) -> CriticalPath:
         """The selected critical path (the observed one to the end state by default).
@@ -153,8 +128,7 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
         if latest and plugin.behind():  # appended a turn at a time meanwhile: as it was
             return latest[0]
         builder = plugin.builder
-        current = GraphView(builder.store, builder.end, live=True,
-                            analyse=plugin.analyse if plugin.graph_apart else None)
+        current = GraphView(builder.store, builder.end, analyse=plugin.analyse)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -169,7 +143,7 @@ def selected_source(data: Source, selection: PathSelection) -> Source:
 
     def view() -> GraphView:
         base = data()
-        current = GraphView(base.store, base.end, PathSelection(**vars(selection)), base.live,
+        current = GraphView(base.store, base.end, PathSelection(**vars(selection)),
                             base.analyse)
         if latest and latest[0].version == current.version:
             return latest[0]
@@ -338,9 +312,10 @@ class OffLoop(DashboardComponent):
     Each :meth:`update` (periodic, on the event loop) shows what was
     computed, then, if the view changed since and nothing is being computed,
     has every stale component's :attr:`~Component.computer` compute what it
-    shows: in the graph's own process, where it is built, if it has one
-    (:attr:`GraphView.analyse`); else in a thread, on the view as it is now
-    (:meth:`GraphView.frozen`).  A thread of the scheduler's process that
+    shows: where the graph is built, for the graph being recorded
+    (:attr:`GraphView.analyse`: in the graph's own process, or in a thread on a
+    copy); else, for a graph that no longer changes, in a thread.  A thread of
+    the scheduler's process that
     computes for a second holds the event loop too: each time the loop lets
     go of the interpreter's lock (to wait on a socket, to read a file) it
     waits up to the lock's switch interval (5 ms) to get it back, and a page
@@ -385,7 +360,7 @@ class OffLoop(DashboardComponent):
             work = asyncio.ensure_future(view.analyse(
                 _compute_here, view.version, view.selection, computers))
         else:
-            work = in_thread(_compute, view.version, view.frozen(), computers)
+            work = in_thread(_compute, view.version, view, computers)
         self._running = (stale, work)
 
     def busy(self) -> bool:
@@ -396,10 +371,9 @@ class OffLoop(DashboardComponent):
 _FAILED = object()
 
 
-def _compute(version: tuple, view: Callable[[], GraphView],
+def _compute(version: tuple, seen: GraphView,
              computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
-    """What each computer makes of ``view()``; ``_FAILED`` (and a log) where it raised."""
-    seen = view()
+    """What each computer makes of ``seen``; ``_FAILED`` (and a log) where it raised."""
     results = []
     for computer in computers:
         try:
@@ -413,9 +387,9 @@ def _compute(version: tuple, view: Callable[[], GraphView],
 
 def _compute_here(store: PAGStore, end: int, version: tuple, selection: PathSelection | None,
                   computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
-    """:func:`_compute` on ``store`` itself, where it is built (between two of its batches)."""
-    view = GraphView(store, end, selection)
-    return _compute(version, lambda: view, computers)
+    """:func:`_compute` on ``store``, where it is built (between two of its batches, or
+    on a copy)."""
+    return _compute(version, GraphView(store, end, selection), computers)
 
 
 #: Computers kept where they compute, by token: the newest :data:`KEPT_AT_MOST`, about

@@ -283,8 +283,7 @@ class SelectionCheck(DashboardComponent):
         if view.analyse is not None:  # where the graph is built
             check: Any = asyncio.ensure_future(view.analyse(find_path, chosen))
         else:
-            frozen = view.frozen()
-            check = in_thread(lambda: frozen().with_selection(chosen).wcp())
+            check = in_thread(lambda: view.with_selection(chosen).wcp())
         self._pending = (chosen, message, check)
         message.text = "finding that path&hellip;"
 

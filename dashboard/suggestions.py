@@ -16,7 +16,7 @@ from distributed.utils import log_errors
 
 from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
 from crux_dask.dashboard.datatables import table_columns
-from crux_dask.plugins.scheduler import graph_pieces
+from crux_dask.plugins.host import graph_pieces
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
 

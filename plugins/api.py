@@ -15,7 +15,8 @@ import distributed
 
 import crux_dask
 from crux_dask.plugins.graph_process import GraphProcessGone
-from crux_dask.plugins.scheduler import CruxSchedulerPlugin, split_pieces
+from crux_dask.plugins.host import split_pieces
+from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.scopes import path_of_graph, path_of_scope, pickled, scopes_table
 from crux_dask.plugins.staging import KeptPieces, Pieces
 from crux_dask.plugins.transitions import transitions_frame

@@ -51,6 +51,13 @@ except ImportError:  # not on Windows
     fcntl = None
 
 from crux_dask.codec import read_head
+from crux_dask.plugins.host import (
+    ask_in_thread,
+    graph_pieces,
+    pieces_in_thread,
+    spooled_graph_pieces,
+    spooled_in_thread,
+)
 from crux_dask.plugins.ingest import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
 from crux_dask.store import ChunkedColumn, PAGStore, StringTable
@@ -507,7 +514,7 @@ class GraphProcess(Recorder):
             with contextlib.suppress(RuntimeError):  # gone since: what it sent is all there is
                 await self._ask("drain")
 
-    async def add_external(self, kind: str, **fields: Any) -> int:
+    async def external(self, kind: str, **fields: Any) -> int:
         """Apply one mutation reported from outside Dask; the new state's id, once
         the state is in :attr:`builder`.
 
@@ -519,8 +526,9 @@ class GraphProcess(Recorder):
         self.tick()  # the roots recorded go first
         return await self._ask("external", kind, fields)
 
-    async def analyse(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(store, end, *args)`` on the graph applied so far, in the process.
+    async def ask(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(store, end, *args)`` on the graph applied so far, in the process
+        (in a thread, on what it sent, once it is gone).
 
         ``function`` and ``args`` travel pickled (a function by name); what it
         returns comes back, and what it raises is raised here.  An answer in
@@ -528,7 +536,55 @@ class GraphProcess(Recorder):
         back as :class:`~crux_dask.plugins.staging.KeptPieces`, fetched a piece at
         a time.  The process applies no event meanwhile.
         """
-        return await self._ask("analyse", function, args)
+        if self.alive:
+            with contextlib.suppress(GraphProcessGone):
+                return await self._ask("analyse", function, args)
+        await self.builder.caught_up()
+        return await ask_in_thread(self.builder, function, args)
+
+    async def pieces(self) -> Pieces | KeptPieces:
+        """The graph cut into pieces, in the process (kept there, see
+        :class:`~crux_dask.plugins.staging.KeptPieces`) while it lives."""
+        if self.alive:
+            with contextlib.suppress(GraphProcessGone):
+                return await self._ask("analyse", graph_pieces, ())
+        await self.builder.caught_up()
+        return await pieces_in_thread(self.builder)
+
+    async def spooled_pieces(self) -> Pieces | KeptPieces:
+        """The spooled segments cut into pieces, read back in the process while it lives."""
+        run_ids = self.spool.run_ids
+        if self.alive and run_ids:
+            with contextlib.suppress(GraphProcessGone):
+                return await self._ask("analyse", spooled_graph_pieces,
+                                       (self.spool.directory, run_ids))
+        return await spooled_in_thread(self.spool)
+
+    async def caught_up(self) -> None:
+        """Append every row the process sent to :attr:`builder` (see :class:`GraphMirror`)."""
+        await self.builder.caught_up()
+
+    def behind(self) -> bool:
+        """Whether rows the process sent are being appended a turn at a time."""
+        return self.builder.behind()
+
+    @property
+    def apart(self) -> bool:
+        """Whether the process lives: answers are computed there."""
+        return self.alive
+
+    def sizes(self) -> dict[str, Any]:
+        """The graph's size as the process last sent it (reading the store would append to
+        it), what is pending here and there, and the process's own figures."""
+        builder = self.builder
+        return {"states": builder.n_states, "mutations": builder.n_mutations,
+                "memory_bytes": builder.nbytes(),
+                "events_pending": self.pending + self.remote["pending"],
+                "graph_process": {"pid": self.remote["pid"], "alive": self.alive,
+                                  "cpu_seconds": self.remote["cpu_seconds"],
+                                  "seconds_sending": self.seconds["send"],
+                                  "seconds_reading": self.seconds["read"],
+                                  "messages_unreadable": self.messages_unreadable}}
 
     def _ask(self, *question: Any) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()

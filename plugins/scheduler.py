@@ -1,15 +1,16 @@
 """The scheduler side: records computations and receives the workers' events.
 
-Hooks only append a tuple to the ingest's queue, and the workers' batches join
-the queue as they arrive, still in columns; the ingest turns the queue into
-graph states from a periodic callback, a bounded slice at a time, so the cost
-of analysis never sits inside a scheduler hook or a dashboard request.
+Hooks only append a tuple to the graph host's queue, and the workers' batches
+join the queue as they arrive, still in columns; the host turns the queue into
+graph states, in a process of its own or from a periodic callback a bounded
+slice at a time, and answers what is asked of the graph off the event loop
+(:class:`~crux_dask.plugins.host.GraphHost`), so the cost of analysis never sits
+inside a scheduler hook or a dashboard request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -24,8 +25,9 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
-from crux_dask.plugins.graph_process import GraphProcess, GraphProcessGone
-from crux_dask.plugins.ingest import LOST, Ingest
+from crux_dask.plugins.graph_process import GraphProcess
+from crux_dask.plugins.host import GraphHost, LocalHost
+from crux_dask.plugins.ingest import LOST
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES_HANDLER,
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
 
     from crux_dask.pag import PAG
     from crux_dask.scopes import Scope
-    from crux_dask.store import PAGStore
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Attributes
     ----------
-    ingest : GraphProcess or Ingest
-        The queue of received events, and what applies them in a process of
-        its own (``crux-dask.graph-process``) or in the scheduler's (once started).
+    ingest : GraphHost
+        The graph's host: the queue of received events, and what applies them
+        and answers questions, in a process of its own (``crux-dask.graph-process``)
+        or in the scheduler's (once started).
     spool : Spool
         The segments of the graph written to disk (once started).
     http_token : str or None
@@ -90,9 +92,9 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     Notes
     -----
     The dashboard uses only :attr:`builder` (to read it, once :meth:`caught_up`,
-    or unless :meth:`behind`), :meth:`stats`,
+    or unless :meth:`behind`), :meth:`analyse`, :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
-    :meth:`read_spooled`, :meth:`scopes`, :meth:`snapshot`, :attr:`http_token` and
+    :meth:`read_spooled`, :meth:`scopes`, :attr:`http_token` and
     :attr:`http_max_body`.
     """
 
@@ -132,14 +134,15 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self.spool = Spool(self.max_states, self.spool_dir)
         if self.graph_process and os.name == "posix":  # it passes pipes to a child
-            self.ingest = GraphProcess(self.spool, {
+            self.ingest: GraphHost = GraphProcess(self.spool, {
                 "max_pending": self.max_pending_events, "park_timeout": self.park_timeout,
                 "max_states": self.max_states, "spool_dir": self.spool_dir,
                 "apply_interval": self.apply_interval})
             self.ingest.start()
         else:
-            self.ingest = Ingest(PAGBuilder(), self.spool, max_pending=self.max_pending_events,
-                                 park_timeout=self.park_timeout)
+            self.ingest = LocalHost(PAGBuilder(), self.spool,
+                                    max_pending=self.max_pending_events,
+                                    park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
@@ -172,7 +175,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             self.scheduler.periodic_callbacks.pop("crux-apply", None)
         for staging in getattr(self, "staged", {}).values():  # never to be fetched now
             staging.release()
-        if isinstance(getattr(self, "ingest", None), GraphProcess):
+        if getattr(self, "ingest", None) is not None:
             await self.ingest.close()
         if getattr(self, "spool", None) is not None:
             self.spool.close(remove_temporary=True)
@@ -260,23 +263,20 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     async def caught_up(self) -> None:
         """Make :attr:`builder` hold every state received so far, without holding the
-        event loop more than a few milliseconds at a time (see
-        :class:`~crux_dask.plugins.graph_process.GraphMirror`): await it before
-        reading the builder on the event loop."""
-        if isinstance(self.ingest, GraphProcess):
-            await self.ingest.builder.caught_up()
+        event loop more than a few milliseconds at a time: await it before reading the
+        builder on the event loop (see :meth:`GraphHost.caught_up`)."""
+        await self.ingest.caught_up()
 
     def behind(self) -> bool:
         """Whether more states received than can be appended at once are not in
-        :attr:`builder` yet; if so, they are appended from now on, a few milliseconds
-        at a time (see :meth:`caught_up`)."""
-        return isinstance(self.ingest, GraphProcess) and self.ingest.builder.behind()
+        :attr:`builder` yet (see :meth:`GraphHost.behind`)."""
+        return self.ingest.behind()
 
     @property
     def graph_apart(self) -> bool:
         """Whether the graph is built in a process of its own, alive: what
         :meth:`analyse` computes is computed there."""
-        return isinstance(self.ingest, GraphProcess) and self.ingest.alive
+        return self.ingest.apart
 
     @property
     def counts(self) -> dict[str, int]:
@@ -293,9 +293,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         an unknown source state or kind); the state is in :attr:`builder`
         when this returns.
         """
-        if isinstance(self.ingest, GraphProcess):
-            return await self.ingest.add_external(kind, **fields)
-        return self.ingest.add_external(kind, **fields)
+        return await self.ingest.external(kind, **fields)
 
     def count_http_write(self, accepted: bool) -> None:
         """Count one write request of the JSON API, accepted or rejected."""
@@ -316,24 +314,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     async def spooled_pieces(self) -> Pieces | KeptPieces:
         """Every spooled segment, read back and cut into pieces
         (:meth:`PAGStore.to_pieces`), oldest first; their head: how many pieces
-        each segment's store has.
-
-        Read where the graph is built, in its own process if it has one (which
-        keeps them, see :class:`~crux_dask.plugins.staging.KeptPieces`), else in
-        a thread.  Read in a thread of the scheduler's process, four segments
-        of 200,000 states held the event loop 120-150 ms: the loop waited for
-        the interpreter each time it let go of it, a dozen times in each of
-        distributed's system monitor reads.
-        """
-        run_ids = self.spool.run_ids
-        if not run_ids:
-            return Pieces([], [])
-        if self.graph_apart:
-            with contextlib.suppress(GraphProcessGone):
-                return await self.ingest.analyse(spooled_graph_pieces, self.spool.directory,
-                                                 run_ids)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: stores_in_pieces(self.spool.stores()))
+        each segment's store has (see :meth:`GraphHost.spooled_pieces`)."""
+        return await self.ingest.spooled_pieces()
 
     async def transition_chunks(self) -> list[tuple[tuple, ...]]:
         """The scheduler's transitions for the export, as the chunks of
@@ -366,51 +348,14 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         return computations(self.scheduler) + spans(self.scheduler)
 
     async def analyse(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(store, end, *args)`` on the graph applied so far, off the event loop.
-
-        In the graph process, on its graph; else (or if it is gone) in a thread,
-        on a :meth:`snapshot`.  ``function`` must be importable by name, and
-        ``args`` picklable.
-        """
-        if self.graph_apart:
-            with contextlib.suppress(GraphProcessGone):
-                return await self.ingest.analyse(function, *args)
-        store, end = await self.snapshot()
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: function(store, end, *args))
+        """``function(store, end, *args)`` on the graph applied so far, off the event loop
+        (see :meth:`GraphHost.ask`)."""
+        return await self.ingest.ask(function, *args)
 
     async def pieces(self) -> Pieces | KeptPieces:
         """The graph applied so far, cut into pieces (:meth:`PAGStore.to_pieces`); their
-        head: its end state.
-
-        Cut where the graph is built, in its own process if it has one (which
-        keeps them, see :class:`~crux_dask.plugins.staging.KeptPieces`), else in
-        a thread while events go on being applied.  A thread of the
-        scheduler's process that cuts a million states holds its interpreter
-        for a second, and the event loop waits for it each time it lets go:
-        distributed's system monitor, which reads a dozen files, then held the
-        loop 70-110 ms.
-        """
-        if self.graph_apart:
-            with contextlib.suppress(GraphProcessGone):
-                return await self.ingest.analyse(graph_pieces)
-        await self.caught_up()
-        store, end = self.builder.store, self.builder.end
-        upto = store.lengths()
-        return Pieces(await asyncio.get_running_loop().run_in_executor(None, store.to_pieces,
-                                                                      upto), end)
-
-    async def snapshot(self) -> tuple[PAGStore, int]:
-        """A copy of the graph applied so far and its end state.
-
-        The point it copies up to is taken on the event loop; the copy is made
-        in a thread, a column at a time, while events go on being applied.
-        """
-        await self.caught_up()
-        store = self.builder.store
-        upto, end = store.lengths(), self.builder.end
-        copy = await asyncio.get_running_loop().run_in_executor(None, store.copy, upto)
-        return copy, end
+        head: its end state (see :meth:`GraphHost.pieces`)."""
+        return await self.ingest.pieces()
 
     def stage(self, parts: list[Pieces | KeptPieces]) -> str:
         """Keep ``parts`` for a client to fetch one piece at a time, as one
@@ -451,28 +396,23 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """Counts of what was received, applied and rejected, and the graph's size."""
         builder = self.builder
         ingest = self.ingest
-        remote = isinstance(ingest, GraphProcess)
-        if remote:  # read from the process's counts: reading the store would append to it
-            states, mutations, memory = builder.n_states, builder.n_mutations, builder.nbytes()
-        else:
-            store = builder.store
-            states, mutations, memory = store.n_states, store.n_mutations, store.nbytes()
+        sizes = ingest.sizes()
         return {
             **self.counts,
             "seconds_receiving": ingest.seconds["receive"],
             "seconds_applying": ingest.seconds["apply"],
             "longest_slice_seconds": ingest.seconds["longest_slice"],
-            "events_pending": ingest.pending + (ingest.remote["pending"] if remote else 0),
+            "events_pending": sizes["events_pending"],
             "events_parked": builder.n_parked,
             "events_parked_total": builder.n_parked_total,
             "inputs_substituted": builder.n_fallbacks,
             "states_lost": builder.n_lost + self.spool.n_lost,
-            "states": states,
+            "states": sizes["states"],
             "states_spooled": self.spool.n_states,
             "segments_spooled": len(self.spool.run_ids),
             "spool_dir": self.spool.directory,
-            "mutations": mutations,
-            "memory_bytes": memory,
+            "mutations": sizes["mutations"],
+            "memory_bytes": sizes["memory_bytes"],
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions_dropped(),
@@ -480,42 +420,5 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,
             "last_error": ingest.last_error,
-            "graph_process": {"pid": ingest.remote["pid"], "alive": ingest.alive,
-                              "cpu_seconds": ingest.remote["cpu_seconds"],
-                              "seconds_sending": ingest.seconds["send"],
-                              "seconds_reading": ingest.seconds["read"],
-                              "messages_unreadable": ingest.messages_unreadable}
-            if remote else None,
+            "graph_process": sizes["graph_process"],
         }
-
-
-def graph_pieces(store: PAGStore, end: int) -> Pieces:
-    """``store`` cut into pieces, ``end`` their head: for :meth:`CruxSchedulerPlugin.analyse`."""
-    return Pieces(store.to_pieces(), end)
-
-
-def spooled_graph_pieces(store: PAGStore, end: int, directory: str, run_ids: list[str]
-                         ) -> Pieces:
-    """The segments ``run_ids`` spooled to ``directory``, read back and cut into pieces;
-    their head: how many pieces each store has.  For :meth:`CruxSchedulerPlugin.analyse`
-    (the live graph, ``store`` and ``end``, is not read)."""
-    from crux_dask.provenance import read_dataset
-
-    return stores_in_pieces([segment for run_id in run_ids
-                             for segment in read_dataset(directory, run_id).stores])
-
-
-def stores_in_pieces(stores: list[PAGStore]) -> Pieces:
-    """Each of ``stores`` cut into pieces, one after the other; their head: how many
-    pieces each store has."""
-    parts = [store.to_pieces() for store in stores]
-    return Pieces([piece for part in parts for piece in part], [len(part) for part in parts])
-
-
-def split_pieces(pieces: list[bytes], counts: list[int]) -> list[list[bytes]]:
-    """``pieces`` split into consecutive lists of ``counts`` pieces."""
-    parts, start = [], 0
-    for count in counts:
-        parts.append(pieces[start:start + count])
-        start += count
-    return parts

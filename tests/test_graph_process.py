@@ -477,7 +477,7 @@ async def test_a_question_that_cannot_travel_fails_only_its_asker(c, s, a, b):
     crux = s.plugins["crux"]
     assert crux.graph_apart
     with pytest.raises(Exception, match=r"lambda|pickle"):
-        await crux.ingest.analyse(lambda store, end: end)
+        await crux.ingest.ask(lambda store, end: end)
     assert "could not send 'analyse'" in crux.ingest.last_error
     assert await c.submit(inc, 1, key="after") == 2
     assert "after" in set((await crux_dask.get_pag(c)).states["key"])
@@ -517,7 +517,7 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
     """For an export, the segments spooled to disk are read back and cut where they
     were written, and kept there: only how many pieces each has reaches the scheduler,
     then a piece per message as they are fetched, as they are on disk."""
-    from crux_dask.plugins.scheduler import split_pieces
+    from crux_dask.plugins.host import split_pieces
     from crux_dask.provenance import read_dataset
 
     await crux_dask.attach(c)

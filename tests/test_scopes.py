@@ -208,3 +208,24 @@ def test_a_path_clipped_at_a_time_drops_the_earliest_parts_of_its_first_step():
         assert clipped.steps.loc[0, ["wait", "busy"]].tolist() == pytest.approx([wait, busy])
         assert sum(clipped.breakdown.values()) == pytest.approx(clipped.length)
         assert path.steps.loc[0, "wait"] == pytest.approx(0.5)  # the original is unchanged
+
+
+def test_the_groups_of_a_copys_keys_are_found_once_on_the_store_it_copies():
+    """A page's copy of a growing graph finds no key's group again: it reads them from
+    the store it is a copy of, which grew since."""
+    from crux_dask.graph.builder import PAGBuilder
+    from crux_dask.scopes import KeyGroups
+
+    asked: list[str] = []
+    groups = KeyGroups(lambda key: asked.append(key) or key.split("-")[0])
+    builder = PAGBuilder()
+    builder.root(0.0)
+    for i in range(3):
+        builder.compute(f"a-{i}", "tcp://w:1", 1, i, i + 0.5, 8, ())
+    copy = builder.store.copy()
+    builder.compute("b-0", "tcp://w:1", 1, 5.0, 5.5, 8, ())
+    assert groups(builder.store).tolist()[-4:] == ["a", "a", "a", "b"]
+    found = len(asked)
+    assert groups(copy).tolist() == groups(builder.store).tolist()[:len(copy.keys.values)]
+    assert groups(copy.copy()).tolist() == groups(copy).tolist()
+    assert len(asked) == found  # nothing found again for the copies

@@ -11,6 +11,7 @@ inside a scheduler hook or a dashboard request.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
 import time
@@ -160,9 +161,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.ingest.root(self.attached_at, "attach")
         scheduler.handlers[EVENTS_HANDLER] = self.ingest.receive
         scheduler.handlers[FILES_HANDLER] = self.ingest.receive_files
-        from crux_dask.dashboard import install
-
-        self.dashboard = install(scheduler, self)
+        self.extensions = install_extensions(scheduler, self)
         self._callback = PeriodicCallback(self.ingest.tick, self.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()
@@ -422,3 +421,21 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "last_error": ingest.last_error,
             "graph_process": sizes["graph_process"],
         }
+
+
+#: The entry point group of what a scheduler plugin installs beside itself, each
+#: ``install(scheduler, plugin) -> bool`` (Crux's own: the dashboard's pages and routes).
+EXTENSIONS = "crux_dask.scheduler"
+
+
+def install_extensions(scheduler: Scheduler, plugin: CruxSchedulerPlugin) -> dict[str, bool]:
+    """Install each extension of :data:`EXTENSIONS` (found by name: they are the layers
+    above this one); what each said, by name.  One that fails is logged and skipped."""
+    installed = {}
+    for entry in importlib.metadata.entry_points(group=EXTENSIONS):
+        try:
+            installed[entry.name] = bool(entry.load()(scheduler, plugin))
+        except Exception as error:  # an extension is optional; the recording is not
+            logger.warning("Crux could not install %s: %r", entry.name, error)
+            installed[entry.name] = False
+    return installed

@@ -146,3 +146,64 @@ def test_every_package_of_the_repository_is_installed():
                        if p != package):
                 found.add(name)
     assert found - set(setup["packages"]) == set()
+
+
+#: Each folder of the repository: the package it installs as, and its layer (a layer
+#: imports only from layers below it).
+FOLDERS = {"crux_dask": ("crux_dask", 0), "plugins": ("crux_dask.plugins", 1),
+           "dashboard": ("crux_dask.dashboard", 2), "cli": ("crux_dask.cli", 3)}
+#: What the core never imports at module level.
+HEAVY = ("distributed", "bokeh", "tornado", "pyarrow")
+
+
+def _imports() -> list[tuple[str, str, bool]]:
+    """``(module, imported, at_module_level)`` for every import of every product module."""
+    import ast
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent
+    found = []
+    for folder, (package, _) in FOLDERS.items():
+        for path in sorted((top / folder).rglob("*.py")):
+            parts = path.relative_to(top / folder).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            if folder == "crux_dask" and parts[0] in ("plugins", "dashboard", "cli"):
+                continue
+            tree = ast.parse(path.read_text())
+            top_level = {id(node) for node in tree.body}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module]
+                else:
+                    continue
+                found += [(name, imported, id(node) in top_level) for imported in names]
+    return found
+
+
+def _layer(module: str) -> int:
+    for package, layer in sorted(FOLDERS.values(), key=lambda folder: -len(folder[0])):
+        if module == package or module.startswith(package + "."):
+            return layer
+    return -1  # not ours
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """crux_dask's core ← plugins ← dashboard ← cli, never back (also inside functions);
+    the core imports neither distributed, bokeh, tornado nor pyarrow at module level."""
+    upward = [(module, imported) for module, imported, _ in _imports()
+              if _layer(imported) > _layer(module)]
+    assert upward == []
+    heavy = [(module, imported) for module, imported, top in _imports()
+             if top and _layer(module) == 0 and imported.split(".")[0] in HEAVY]
+    assert heavy == []
+
+
+def test_no_module_imports_itself_back_at_module_level():
+    """No import circle among the product's modules, counting module-level imports."""
+    import networkx as nx
+
+    graph = nx.DiGraph((module, imported) for module, imported, top in _imports()
+                       if top and _layer(imported) >= 0 and imported != module)
+    assert list(nx.simple_cycles(graph)) == []

@@ -310,7 +310,3 @@ def trace(path: str, output: str, run_id: str | None) -> None:
     with open(output, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     click.echo(f"Wrote {len(events):,} trace events to {output}")
-
-
-if __name__ == "__main__":
-    main()

@@ -124,6 +124,24 @@ class Strings:
             return chunks[index >> _SHIFT][index & _MASK]
         return newest[index - frozen]
 
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """The strings at ``indices`` (integers, each in range), as an array of objects:
+        a chunk's at once, not an index at a time."""
+        chunks, frozen, newest = self._state
+        taken = np.empty(len(indices), dtype=object)
+        old = indices < frozen
+        if old.any():
+            picked = indices[old]
+            which, within = picked >> _SHIFT, picked & _MASK
+            found = np.empty(len(picked), dtype=object)
+            for number in np.unique(which).tolist():
+                here = which == number
+                found[here] = chunks[number][within[here]]
+            taken[old] = found
+        if not old.all():
+            taken[~old] = [newest[i - frozen] for i in indices[~old].tolist()]
+        return taken
+
     def tolist(self) -> list[str]:
         """Every string, in a list."""
         chunks, frozen, newest = self._state
@@ -344,7 +362,10 @@ class StringTable:
         import pandas as pd
         values = self.values
         if len(codes) * 8 < len(values):  # a few rows of a large table
-            strings = [values[c] if c >= 0 else None for c in codes.tolist()]
+            codes = np.asarray(codes)
+            strings = np.full(len(codes), None, dtype=object)
+            present = codes >= 0
+            strings[present] = values.take(codes[present])
         else:
             strings = np.append(np.asarray(values), None)[codes]
         return pd.Series(strings, dtype="str")

@@ -70,3 +70,12 @@ def test_a_million_keys_are_no_long_list_for_the_collector():
     copy = store.copy()
     assert copy.keys.values == store.keys.values
     assert PAGStore.from_pieces(store.to_pieces()).keys.values[123_456] == "('x', 123456)"
+
+
+def test_taking_strings_by_index_gives_what_indexing_one_at_a_time_gives():
+    from crux_dask.store import STRINGS_CHUNK
+
+    strings = Strings(f"s{i}" for i in range(3 * STRINGS_CHUNK + 5))  # chunks and newest
+    indices = np.array([0, STRINGS_CHUNK + 1, 3 * STRINGS_CHUNK + 4, 2, 3 * STRINGS_CHUNK, 1])
+    assert strings.take(indices).tolist() == [strings[i] for i in indices.tolist()]
+    assert strings.take(np.array([], dtype=int)).tolist() == []

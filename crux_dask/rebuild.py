@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from crux_dask.graph import rules
+from crux_dask.growable import Strings, StringTable
 from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
-from crux_dask.store import NO_THREAD, PAGStore, Strings, StringTable
+from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = ["end_state", "store_from_columns", "store_from_frames"]
 

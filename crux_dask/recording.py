@@ -13,9 +13,10 @@ import math
 
 import numpy as np
 
+from crux_dask.growable import NO_CODE
 from crux_dask.model import CauseKind, MutationKind, location_class
 from crux_dask.replay import Gaps, Run
-from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
+from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = ["extract"]
 

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from crux_dask.growable import Strings
 from crux_dask.model import MOMENTS, ROOT, CauseKind, MutationKind
 from crux_dask.rebuild import store_from_columns
-from crux_dask.store import NO_THREAD, PAGStore, Strings
+from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = [
     "causes_table",

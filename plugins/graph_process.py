@@ -51,6 +51,7 @@ except ImportError:  # not on Windows
     fcntl = None
 
 from crux_dask.codec import read_head
+from crux_dask.growable import ChunkedColumn, StringTable
 from crux_dask.plugins.host import (
     ask_in_thread,
     graph_pieces,
@@ -60,7 +61,7 @@ from crux_dask.plugins.host import (
 )
 from crux_dask.plugins.ingest import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
-from crux_dask.store import ChunkedColumn, PAGStore, StringTable
+from crux_dask.store import PAGStore
 
 if TYPE_CHECKING:
     from crux_dask.plugins.spool import Spool

@@ -405,7 +405,7 @@ def _columns_of(store) -> dict:
     """Every column's bytes and every table's strings: what makes two stores equal."""
     from array import array
 
-    from crux_dask.store import StringTable
+    from crux_dask.growable import StringTable
     return {name: value.tobytes() if isinstance(value, array) else
             (value.values, value.codes) if isinstance(value, StringTable) else value
             for name, value in vars(store).items() if name != "origin"}  # what it copies

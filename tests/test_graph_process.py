@@ -629,7 +629,7 @@ def test_the_columns_of_the_copy_make_their_next_chunk_ready_a_few_at_a_time():
     """The scheduler's copy appends every column by about as many rows at once: each
     column makes its next chunk ready (its memory touched) at a fill of its own, so that
     no append touches fresh memory for all of them."""
-    from crux_dask.store import COLUMN_CHUNK, ChunkedColumn
+    from crux_dask.growable import COLUMN_CHUNK, ChunkedColumn
 
     store = PAGStore.chunked("run")
     columns = [column for column in vars(store).values() if isinstance(column, ChunkedColumn)]

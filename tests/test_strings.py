@@ -9,16 +9,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import crux_dask.store as store_module
-from crux_dask.store import PAGStore, Strings
+import crux_dask.growable as growable_module
+from crux_dask.growable import Strings
+from crux_dask.store import PAGStore
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 8 strings, so that a few dozen strings cross several."""
-    monkeypatch.setattr(store_module, "STRINGS_CHUNK", 8)
-    monkeypatch.setattr(store_module, "_SHIFT", 3)
-    monkeypatch.setattr(store_module, "_MASK", 7)
+    monkeypatch.setattr(growable_module, "STRINGS_CHUNK", 8)
+    monkeypatch.setattr(growable_module, "_SHIFT", 3)
+    monkeypatch.setattr(growable_module, "_MASK", 7)
 
 
 growths = st.lists(st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=20)),
@@ -56,7 +57,7 @@ def test_a_read_from_a_thread_sees_what_there_was_when_it_began(small_chunks):
     state = strings._state  # what a reader in another thread holds while it reads
     strings += [f"k{i}" for i in range(20, 100)]  # chunks made meanwhile
     chunks, frozen, newest = state
-    assert store_module._gather(chunks, frozen, newest, 0, n) == [f"k{i}" for i in range(20)]
+    assert growable_module._gather(chunks, frozen, newest, 0, n) == [f"k{i}" for i in range(20)]
 
 
 def test_a_million_keys_are_no_long_list_for_the_collector():
@@ -64,7 +65,7 @@ def test_a_million_keys_are_no_long_list_for_the_collector():
     for i in range(1_000_000):
         store.key_code(f"('x', {i})", "x")
     held = gc.get_referents(store.keys.values._state)
-    assert max(len(o) for o in held if isinstance(o, list)) < store_module.STRINGS_CHUNK
+    assert max(len(o) for o in held if isinstance(o, list)) < growable_module.STRINGS_CHUNK
     assert not any(gc.is_tracked(chunk) for chunk in store.keys.values._state[0])
     assert store.keys.values[999_999] == "('x', 999999)"
     copy = store.copy()
@@ -73,7 +74,7 @@ def test_a_million_keys_are_no_long_list_for_the_collector():
 
 
 def test_taking_strings_by_index_gives_what_indexing_one_at_a_time_gives():
-    from crux_dask.store import STRINGS_CHUNK
+    from crux_dask.growable import STRINGS_CHUNK
 
     strings = Strings(f"s{i}" for i in range(3 * STRINGS_CHUNK + 5))  # chunks and newest
     indices = np.array([0, STRINGS_CHUNK + 1, 3 * STRINGS_CHUNK + 4, 2, 3 * STRINGS_CHUNK, 1])

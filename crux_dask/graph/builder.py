@@ -33,8 +33,9 @@ from crux_dask.graph.feed import Feed, OnError
 from crux_dask.graph.holdings import Holdings
 from crux_dask.graph.places import Places
 from crux_dask.graph.waiting import Waiting
+from crux_dask.growable import NO_CODE
 from crux_dask.model import ROOT, CauseKind, MutationKind, file_path, shard_key
-from crux_dask.store import NO_CODE, NO_THREAD, PAGStore
+from crux_dask.store import NO_THREAD, PAGStore
 
 if TYPE_CHECKING:
     from crux_dask.pag import PAG

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from crux_dask.growable import NO_CODE
 from crux_dask.model import ROOT, memory_location
-from crux_dask.store import NO_CODE, PAGStore
+from crux_dask.store import PAGStore
 
 __all__ = ["Places", "worker_of"]
 

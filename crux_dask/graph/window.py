@@ -30,8 +30,9 @@ import numpy as np
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
 from crux_dask.encoding import NOT_RECORDED
 from crux_dask.graph import arrays, rules
+from crux_dask.growable import NO_CODE
 from crux_dask.model import MOMENTS, CauseKind, MutationKind
-from crux_dask.store import NO_CODE, NO_THREAD
+from crux_dask.store import NO_THREAD
 
 if TYPE_CHECKING:
     from crux_dask.graph.builder import PAGBuilder

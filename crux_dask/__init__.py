@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 #: that a worker importing what it sends never loads the builder or pandas.
 _EXPORTS = {
     "PAG": "crux_dask.pag",
-    "BatchError": "crux_dask.codec",
+    "BatchError": "crux_dask.validation",
     "decode_batch": "crux_dask.codec",
     "encode_batch": "crux_dask.codec",
     "CriticalPath": "crux_dask.wcp",

@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 from tornado.ioloop import IOLoop
 
-from crux_dask.codec import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, BatchError, decode_batch, read_head
+from crux_dask.codec import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, decode_batch, read_head
 from crux_dask.columns import EventColumns
 from crux_dask.events import event_time
 from crux_dask.plugins.protocol import FOLLOW
@@ -45,6 +45,7 @@ from crux_dask.plugins.tasks import (
     scheduler_task,
     task_events,
 )
+from crux_dask.validation import BatchError
 
 if TYPE_CHECKING:
     from crux_dask.graph.builder import PAGBuilder

@@ -180,7 +180,7 @@ class PAGBuilder:
 
         Raises
         ------
-        crux_dask.codec.BatchError
+        crux_dask.validation.BatchError
             If the batch is malformed; then nothing of it is applied.
         """
         return self.feed.apply_batch(data, now)

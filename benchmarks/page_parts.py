@@ -2,7 +2,7 @@
 
 A live page is added to its document a part (a component) per turn of the
 event loop, the part of most models first, each at its place on the page
-(``crux_dask.dashboard.pages.show_in_stages``).  On that turn Bokeh walks
+(``crux_dask.dashboard.showing.show_in_stages``).  On that turn Bokeh walks
 every model of the document to find the new ones and applies the theme to
 them (the *check*), and encodes the new models as the change the browser is
 sent (the *encoding*).  Neither depends on the graph's size (its data goes in
@@ -26,7 +26,7 @@ from distributed.dashboard.components.scheduler import BOKEH_THEME
 from crux_dask import PAGBuilder
 from crux_dask.dashboard.data import GraphView
 from crux_dask.dashboard.layout import crux_layout
-from crux_dask.dashboard.pages import insert_in_place, largest_first
+from crux_dask.dashboard.showing import insert_in_place, largest_first
 
 ROUNDS = 5
 

@@ -7,7 +7,8 @@ from typing import Any
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 
-from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.wcp import CATEGORIES
 
 

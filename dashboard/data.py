@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource
-from distributed.dashboard.components import DashboardComponent
-from distributed.utils import log_errors
 
-from crux_dask.dashboard.pieces import set_in_pieces
 from crux_dask.model import file_group
 from crux_dask.plugins.scopes import group_of
 from crux_dask.scopes import KeyGroups, Scope, scope_path
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
-
-logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from crux_dask.pag import PAG
@@ -61,7 +51,7 @@ class GraphView:
     components that read it.  ``analyse``: for the graph being recorded, the
     scheduler plugin's :meth:`~crux_dask.plugins.CruxSchedulerPlugin.analyse`,
     which computes what a page shows where the graph is built (see
-    :class:`OffLoop`); ``None`` for a graph that no longer changes, read in a
+    :class:`~.off_loop.OffLoop`); ``None`` for a graph that no longer changes, read in a
     thread as it is.
     """
 
@@ -224,196 +214,3 @@ def static_source(pag: PAG, run_id: str | None = None) -> Source:
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
     view = GraphView(pag.stores[index], pag.ends[index])
     return lambda: view
-
-
-class Component(DashboardComponent):
-    """Base of the Crux dashboard components: distributed's component contract.
-
-    A component owns a ``root`` (its Bokeh model) and a ``source`` (its main
-    :class:`~bokeh.models.ColumnDataSource`).  What it shows is made in two
-    steps: :attr:`computer` reads a view and returns the new column data (in
-    any thread or process: it touches no Bokeh model), :meth:`show` sets it
-    (on the event loop).  :meth:`update` does both at once; :class:`OffLoop` computes
-    elsewhere.  Either re-renders only when the graph or the path selected
-    changed since the last time, so an idle page costs nothing, and logs what
-    a render raises.
-
-    Parameters
-    ----------
-    data : Source
-        Where the component reads the graph.
-    """
-
-    def __init__(self, data: Source) -> None:
-        super().__init__()
-        self.data = data
-        self._version: Any = None
-
-    @log_errors
-    def update(self) -> None:
-        """Render the current view, here and now, if it changed since the last update."""
-        view = self.data()
-        if view.version == self._version:
-            return
-        self.render(view)
-        self._version = view.version
-
-    def render(self, view: GraphView) -> None:
-        """Build the complete new column data from ``view`` and set it at once."""
-        self.show(self.compute(view))
-
-    #: What :meth:`show` sets, read from a view: ``computer(view)``.  It travels
-    #: pickled to where the graph is built (a function, by name; an object with a
-    #: ``token`` is kept there, see :func:`kept`).
-    computer: Callable[[GraphView], Any]
-
-    def compute(self, view: GraphView) -> Any:
-        """What :meth:`show` sets, read from ``view``; touches no Bokeh model."""
-        return kept(self.computer)(view)
-
-    def show(self, computed: Any) -> None:
-        """Set what :meth:`compute` returned on the component's models: by default, the
-        column data of its ``source``, in pieces if it is long (:func:`set_in_pieces`)."""
-        set_in_pieces(self.source, computed)
-
-    @property
-    def sources(self) -> list[ColumnDataSource]:
-        """The sources that may grow as long as the graph's critical path (held back
-        while a page adds the component, see :func:`~.pieces.hold_back`)."""
-        return [self.source]
-
-
-def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"
-              ) -> Future:
-    """``function(*args)`` in a thread of its own, which ends with it.
-
-    Not a pool: a thread left waiting for work would outlive the scheduler's
-    dashboard (and be reported as leaked by distributed's tests).  Once it runs
-    the future cannot be cancelled (as an executor's): one awaited by a task
-    cancelled with its event loop still gets its result.
-    """
-    result: Future = Future()
-
-    def run() -> None:
-        if not result.set_running_or_notify_cancel():
-            return
-        try:
-            result.set_result(function(*args))
-        except BaseException as error:  # handed to whoever reads the result
-            result.set_exception(error)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return result
-
-
-class OffLoop(DashboardComponent):
-    """Keeps ``components`` up to date without computing in the scheduler's process.
-
-    Each :meth:`update` (periodic, on the event loop) shows what was
-    computed, then, if the view changed since and nothing is being computed,
-    has every stale component's :attr:`~Component.computer` compute what it
-    shows: where the graph is built, for the graph being recorded
-    (:attr:`GraphView.analyse`: in the graph's own process, or in a thread on a
-    copy); else, for a graph that no longer changes, in a thread.  A thread of
-    the scheduler's process that
-    computes for a second holds the event loop too: each time the loop lets
-    go of the interpreter's lock (to wait on a socket, to read a file) it
-    waits up to the lock's switch interval (5 ms) to get it back, and a page
-    of the dashboard does that tens of times.  The event loop only reads the
-    graph's lengths and sets column data.
-
-    Parameters
-    ----------
-    data : Source
-        Where the components read the graph (all the same one).
-    components : list of Component
-    """
-
-    def __init__(self, data: Source, components: list[Component]) -> None:
-        super().__init__()
-        self.data, self.components = data, components
-        self._running: tuple[list[Component], Future] | None = None
-
-    @log_errors
-    def update(self) -> None:
-        """Show what was computed; start computing the view as it is now if it changed."""
-        if self._running is not None:
-            computing, done = self._running
-            if not done.done():
-                return
-            self._running = None
-            try:
-                version, results = done.result()
-            except Exception:  # the graph process is gone, or what it computed is not
-                logger.exception("Crux: the dashboard's components could not be computed")
-                version, results = self.data().version, [_FAILED] * len(computing)
-            for component, result in zip(computing, results):
-                if result is not _FAILED:
-                    component.show(result)
-                component._version = version
-        view = self.data()
-        stale = [c for c in self.components if c._version != view.version]
-        if not stale:
-            return
-        computers = [c.computer for c in stale]
-        if view.analyse is not None:
-            work = asyncio.ensure_future(view.analyse(
-                _compute_here, view.version, view.selection, computers))
-        else:
-            work = in_thread(_compute, view.version, view, computers)
-        self._running = (stale, work)
-
-    def busy(self) -> bool:
-        """Whether the thread is still computing what the components will show."""
-        return self._running is not None and not self._running[1].done()
-
-
-_FAILED = object()
-
-
-def _compute(version: tuple, seen: GraphView,
-             computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
-    """What each computer makes of ``seen``; ``_FAILED`` (and a log) where it raised."""
-    results = []
-    for computer in computers:
-        try:
-            results.append(kept(computer)(seen))
-        except Exception:
-            logger.exception("Crux: %s could not compute what it shows",
-                             getattr(computer, "__name__", type(computer).__name__))
-            results.append(_FAILED)
-    return version, results
-
-
-def _compute_here(store: PAGStore, end: int, version: tuple, selection: PathSelection | None,
-                  computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
-    """:func:`_compute` on ``store``, where it is built (between two of its batches, or
-    on a copy)."""
-    return _compute(version, GraphView(store, end, selection), computers)
-
-
-#: Computers kept where they compute, by token: the newest :data:`KEPT_AT_MOST`, about
-#: one per page open (the task-group map's fold holds 8 bytes per key of the graph).
-_kept: OrderedDict[str, Any] = OrderedDict()
-_kept_lock = threading.Lock()
-KEPT_AT_MOST = 8
-
-
-def kept(computer: Any) -> Any:
-    """The computer kept for ``computer``'s ``token``, or ``computer`` if it has none.
-
-    A computer with state of its own (what it folded in so far) has a
-    ``token``: it travels to the graph's process once empty and is kept
-    there, each visit of a copy with the same token finding the one that
-    folded.  Only the newest :data:`KEPT_AT_MOST` are kept (pages closed
-    long ago): a computer dropped is folded again from the start.
-    """
-    token = getattr(computer, "token", None)
-    if token is None:
-        return computer
-    with _kept_lock:
-        found = _kept.setdefault(token, computer)
-        _kept.move_to_end(token)
-        while len(_kept) > KEPT_AT_MOST:
-            _kept.popitem(last=False)
-    return found

@@ -8,7 +8,9 @@ from bokeh.layouts import column, row
 from distributed.dashboard.components import DashboardComponent
 
 from crux_dask.dashboard.breakdown import Breakdown
-from crux_dask.dashboard.data import Component, OffLoop, Source
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import Source
+from crux_dask.dashboard.off_loop import OffLoop
 from crux_dask.dashboard.overview import PAGOverview
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.steps import StepsTable
@@ -21,7 +23,7 @@ def crux_layout(data: Source, background: bool = True) -> tuple[list[DashboardCo
     """What keeps the components up to date (call its ``update``), and the layout.
 
     ``background`` (a live graph): what the components show is computed off
-    the event loop (:class:`~crux_dask.dashboard.data.OffLoop`) from the
+    the event loop (:class:`~crux_dask.dashboard.off_loop.OffLoop`) from the
     first update on, and what-if replays run in a process of their own
     between computations; else (a recorded graph) the components are rendered at
     once.

@@ -32,8 +32,10 @@ from bokeh.plotting import figure
 from distributed.utils import log_errors
 
 from crux_dask.dashboard.callbacks import on_change
-from crux_dask.dashboard.data import Component, GraphView, Source, kept
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
+from crux_dask.dashboard.off_loop import kept
 from crux_dask.graph.rules import key_label
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
@@ -55,8 +57,8 @@ class GroupFold:
     grows; the map drawn from them.
 
     Touches no Bokeh model: it computes where the graph is (see
-    :class:`~.data.OffLoop`), and is kept there by its ``token``
-    (:func:`~.data.kept`), so that each update folds in only what is new.
+    :class:`~.off_loop.OffLoop`), and is kept there by its ``token``
+    (:func:`~.off_loop.kept`), so that each update folds in only what is new.
     """
 
     def __init__(self, max_groups: int = 150, max_edges: int = 300,

@@ -6,7 +6,8 @@ from typing import Any
 
 from bokeh.models import ColumnDataSource, DataTable
 
-from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
 from crux_dask.dashboard.pieces import text
 

@@ -14,8 +14,10 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, Div
 from distributed.utils import log_errors
 
-from crux_dask.dashboard.data import Component, GraphView, Source, in_thread
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
+from crux_dask.dashboard.off_loop import in_thread
 from crux_dask.plugins.host import graph_pieces
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path

@@ -14,7 +14,8 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from bokeh.transform import dodge, factor_cmap
 
-from crux_dask.dashboard.data import Component, GraphView, Source
+from crux_dask.dashboard.component import Component
+from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.pieces import set_in_pieces, text
 from crux_dask.model import CauseKind, MutationKind
 

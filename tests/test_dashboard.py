@@ -26,7 +26,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
-from crux_dask.dashboard.data import OffLoop, live_source, static_source
+from crux_dask.dashboard.data import live_source, static_source
+from crux_dask.dashboard.off_loop import OffLoop
 from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
 from crux_dask.dashboard.pieces import hold_back, release, set_in_pieces, text
 from crux_dask.dashboard.prefixes import PrefixTable
@@ -93,10 +94,10 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
     graph process, the scheduler serves the pages itself."""
     from bokeh.events import DocumentReady
 
-    from crux_dask.dashboard import pages
+    from crux_dask.dashboard import pages, showing
 
     made_in, in_order = [], []
-    crux_layout, at_the_latest = pages.crux_layout, pages.STAGES_AT_THE_LATEST
+    crux_layout, at_the_latest = pages.crux_layout, showing.STAGES_AT_THE_LATEST
 
     def recorded_layout(data):
         made_in.append(threading.current_thread())
@@ -104,13 +105,13 @@ async def test_a_page_is_made_in_a_thread_and_shown_in_stages(c, s, a, b):
         in_order.extend(layout.children)
         return updaters, layout
 
-    pages.crux_layout, pages.STAGES_AT_THE_LATEST = recorded_layout, 600_000
+    pages.crux_layout, showing.STAGES_AT_THE_LATEST = recorded_layout, 600_000
     try:
         await crux_dask.attach(c)
         await c.compute(diamond())
         code, _ = await fetch(s, "/crux")
     finally:
-        pages.crux_layout, pages.STAGES_AT_THE_LATEST = crux_layout, at_the_latest
+        pages.crux_layout, showing.STAGES_AT_THE_LATEST = crux_layout, at_the_latest
     assert code == 200
     assert len(made_in) == 1 and made_in[0] is not threading.current_thread()
     (server,) = [app for app in s.http_application.applications
@@ -300,7 +301,7 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, nthreads=[("127.0.0.1", 2)] * 2)
 async def test_path_selection_between_two_states(c, s, a, b):
     from crux_dask.dashboard.data import PathSelection, selected_source
-    from crux_dask.dashboard.pages import SelectionCheck, path_controls
+    from crux_dask.dashboard.selectors import SelectionCheck, path_controls
 
     await crux_dask.attach(c)
     await c.compute(diamond())
@@ -344,7 +345,7 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
     import distributed
 
     from crux_dask.dashboard.data import PathSelection, selected_source
-    from crux_dask.dashboard.pages import ScopeSelector, SelectionCheck
+    from crux_dask.dashboard.selectors import ScopeSelector, SelectionCheck
     from crux_dask.scopes import Scope
 
     await crux_dask.attach(c)
@@ -590,21 +591,21 @@ async def test_json_api_matches_the_client_api(c, s, a, b):
 async def test_a_long_path_is_written_a_piece_at_a_time(c, s, a, b):
     """The JSON of a path is made and cut where it is computed, and written a piece per
     write: whole, the same JSON."""
-    from crux_dask.dashboard import api
+    from crux_dask.dashboard import api_reads
     from crux_dask.plugins import staging
 
     await crux_dask.attach(c)
     assert await c.compute(chain(100)) == 100
     path = await crux_dask.get_wcp(c)
     writes = []
-    write = api.WCPHandler.write
+    write = api_reads.WCPHandler.write
     piece_bytes, staging.PIECE_BYTES = staging.PIECE_BYTES, 2048
-    api.WCPHandler.write = lambda handler, chunk: (writes.append(len(chunk)),
+    api_reads.WCPHandler.write = lambda handler, chunk: (writes.append(len(chunk)),
                                                    write(handler, chunk))[1]
     try:
         code, body = await fetch(s, "/crux/api/v1/wcp")
     finally:
-        staging.PIECE_BYTES, api.WCPHandler.write = piece_bytes, write
+        staging.PIECE_BYTES, api_reads.WCPHandler.write = piece_bytes, write
     assert code == 200 and len(writes) > 10 and max(writes) == 2048
     wcp = json.loads(body)
     assert [step["key"] for step in wcp["steps"]] == path.steps["key"].tolist()
@@ -753,13 +754,13 @@ def watched_cluster(apart: bool = True):
 def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch, apart):
     from selenium.webdriver.common.by import By
 
-    from crux_dask.dashboard import pages, pieces
+    from crux_dask.dashboard import pieces, showing
 
     with watched_cluster(apart) as (driver, c, url):
         dask.compute(diamond())
         path = crux_dask.get_wcp(c)
         # The page's parts come when the browser says it shows the rest: not later.
-        monkeypatch.setattr(pages, "STAGES_AT_THE_LATEST", 600_000)
+        monkeypatch.setattr(showing, "STAGES_AT_THE_LATEST", 600_000)
         # Long sources come in pieces: here a row at a time.
         monkeypatch.setattr(pieces, "PIECE_ROWS", 1)
         assert len(path) > 2
@@ -884,7 +885,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
         chosen_source,
         selected_source,
     )
-    from crux_dask.dashboard.pages import RunSelector
+    from crux_dask.dashboard.selectors import RunSelector
 
     await crux_dask.attach(c)
     for _ in range(2):  # each flushed graph is more than max-states: a segment spooled
@@ -976,7 +977,7 @@ def test_a_fold_is_kept_by_its_token_for_the_newest_pages():
     folded, until as many newer ones pushed it out; the task-group map then folds again."""
     import pickle
 
-    from crux_dask.dashboard.data import KEPT_AT_MOST, kept
+    from crux_dask.dashboard.off_loop import KEPT_AT_MOST, kept
     from crux_dask.dashboard.overview import GroupFold
 
     b = PAGBuilder()

@@ -33,9 +33,9 @@ from crux_dask.path import CATEGORIES
 from crux_dask.plugins import files as watched
 from crux_dask.plugins.ingest import TASK_FILES, Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
+from crux_dask.plugins.reports import FILES_INLINE
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import TASK, Finished, task_events
-from crux_dask.plugins.worker import FILES_INLINE
 
 HOST = "node1"
 A = "tcp://10.0.0.1:1"

@@ -1,7 +1,7 @@
 """A worker's events, buffered and sent to the scheduler in batches.
 
 Hooks append one tuple to a buffer (a task, packed with msgpack as it
-finishes, to a list of its own: :mod:`crux_dask.plugins.reports`); a periodic
+finishes, to a list of its own: :mod:`crux_dask.plugins.task_reports`); a periodic
 callback packs the buffer and sends both to the scheduler's ``crux_events``
 handler, one round trip per batch, one batch in flight at a time.  The files
 of tasks sized after their completion follow through the ``crux_files``

@@ -8,7 +8,7 @@ plugin itself, with no indirection), and sets up and tears down their state:
 * the transition hook (here), which notes when each task reached the worker
   and when its inputs were all there, and hands on what else it sees;
 * the reports of the tasks it finished, and of the files they opened
-  (:mod:`crux_dask.plugins.reports`);
+  (:mod:`crux_dask.plugins.task_reports`);
 * the moves of its data: fetched, gathered by clients, spilled, loaded back,
   released (:mod:`crux_dask.plugins.data_moves`);
 * the shards P2P shuffles send (:mod:`crux_dask.plugins.shuffles`);
@@ -36,8 +36,8 @@ from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.data_moves import DataMoves
 from crux_dask.plugins.protocol import PLUGIN_NAME, REPORTED, key_string
-from crux_dask.plugins.reports import TaskReports
 from crux_dask.plugins.shuffles import ShardRecorder
+from crux_dask.plugins.task_reports import TaskReports
 
 if TYPE_CHECKING:
     from distributed import Worker

@@ -33,8 +33,8 @@ from crux_dask.path import CATEGORIES
 from crux_dask.plugins import files as watched
 from crux_dask.plugins.ingest import TASK_FILES, Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
-from crux_dask.plugins.reports import FILES_INLINE
 from crux_dask.plugins.spool import Spool
+from crux_dask.plugins.task_reports import FILES_INLINE
 from crux_dask.plugins.tasks import TASK, Finished, task_events
 
 HOST = "node1"

@@ -414,6 +414,7 @@ class GraphProcess(Recorder):
         self._frames = Frames(2 * READ_BYTES)
         self._paused = False  # not reading the pipe: messages read already wait
         self._started = False  # the writer, which starts the process
+        self._heard = False  # whether the process sent anything: it is up
         self._queued_bytes = 0  # of the workers' batches in the queue
 
     # -- lifecycle ----------------------------------------------------------------
@@ -433,10 +434,13 @@ class GraphProcess(Recorder):
             self.alive = False  # never to start
             return
         self._post(("close",))
-        # One still starting (importing this package) reads "close" once started, with
-        # nothing applied to wait for.
         process = self._process
-        if process is not None:
+        if process is not None and not self._heard:
+            # Still starting (importing this package): it reads "close" once started, with
+            # nothing applied to finish, and is reaped in the background.
+            threading.Thread(target=_ended, args=(process, timeout), name="crux-graph-reaper",
+                             daemon=True).start()
+        elif process is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), timeout)
             # It said it closed, or it is stuck: a second at most.
@@ -710,6 +714,7 @@ class GraphProcess(Recorder):
             return
         except OSError:
             read, messages = 0, []
+        self._heard = self._heard or bool(messages)
         for message in messages:
             try:
                 self._on_message(message)

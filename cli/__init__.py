@@ -226,6 +226,26 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
         click.echo(f"\nWrote {html_file}")
 
 
+@main.command(help="Write the graph a scheduler that did not close left in its spool "
+                   "directory (its journal) as a dataset.")
+@click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path())
+def recover(spool_dir: str, path: str) -> None:
+    from crux_dask.plugins.engine import recover as recover_graph
+    from crux_dask.plugins.journal import journals
+    from crux_dask.provenance import write_dataset
+
+    left = journals(spool_dir)
+    if not left:
+        click.echo(f"error: no journal in {spool_dir}", err=True)
+        sys.exit(2)
+    for journal in left:
+        pag = recover_graph(str(journal))
+        write_dataset(path, pag)
+        click.echo(f"Recording {journal.name}: {len(pag.states):,} data states in "
+                   f"{len(pag.run_ids)} segment(s), written to {path}")
+
+
 def format_prefixes(path: CriticalPath, top: int = 10) -> str:
     """Where the path spends its time, by task prefix, as a text table (the first ``top``)."""
     table = path.by_prefix()

@@ -106,7 +106,7 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
     Reading it applies nothing: events still queued appear at a later update,
     once the plugin's periodic callback has applied them.  States received from
     a graph process and not appended yet (see
-    :class:`~crux_dask.plugins.graph_process.GraphMirror`) are appended as the
+    :class:`~crux_dask.plugins.mirror.GraphMirror`) are appended as the
     view is read; more than a few milliseconds' worth appear once they are
     appended, a turn at a time: until then the view stays as it was (but for
     the first).

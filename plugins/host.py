@@ -21,7 +21,7 @@ from crux_dask.plugins.staging import KeptPieces, Pieces
 
 if TYPE_CHECKING:
     from crux_dask.graph.builder import PAGBuilder
-    from crux_dask.plugins.graph_process import GraphMirror
+    from crux_dask.plugins.mirror import GraphMirror
     from crux_dask.plugins.spool import Spool
     from crux_dask.store import PAGStore
 

@@ -18,11 +18,10 @@ asks for the graph. Requests to the dashboard read what is applied so far.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -120,7 +119,12 @@ class Recorder:
         self.counts = dict.fromkeys(counts, 0)
         self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
         self.last_error: str | None = None
-        self._graphs = itertools.count()
+        self.graphs = 0  # graphs numbered so far
+
+    def next_graph(self) -> int:
+        """The number of the next graph that reaches the scheduler."""
+        self.graphs += 1
+        return self.graphs - 1
 
     def record(self, event: tuple) -> None:
         """Queue one event."""
@@ -292,6 +296,9 @@ class Ingest(Recorder):
         self.awaiting_files: dict[tuple[str, Any], tuple[Finished, float]] = {}
         self.early_files: dict[tuple[str, Any], tuple[Any, float]] = {}
         self._soon = False  # a callback that applies the next slice is scheduled
+        #: What the ingest reads the time from: the monotonic clock, and the wall's.
+        self.clock: Callable[[], float] = time.monotonic
+        self.wall: Callable[[], float] = time.time
 
     @property
     def received(self) -> int:
@@ -340,7 +347,7 @@ class Ingest(Recorder):
     def root(self, time: float, label: str) -> int:
         """The root state of a graph that reached the scheduler, made now (it needs
         nothing); the number the graph's tasks name it by."""
-        number = next(self._graphs)
+        number = self.next_graph()
         self.roots[number] = self.builder.root(time, label)
         return number
 
@@ -384,7 +391,7 @@ class Ingest(Recorder):
         """
         started = time.perf_counter(), time.thread_time()
         queue, backlog = self.queue, self.backlog
-        now = time.monotonic()
+        now = self.clock()
         taken = failed = 0
         room = self.limit  # events this slice may still apply
 
@@ -483,7 +490,7 @@ class Ingest(Recorder):
             if self.queue or self.backlog:
                 self.apply_soon()
             else:
-                self.resolve(time.monotonic() - self.park_timeout)
+                self.resolve(self.clock() - self.park_timeout)
         except Exception as error:
             self.failed("apply", error)
 
@@ -533,7 +540,7 @@ class Ingest(Recorder):
         else:
             self.queue.popleft()
         tasks = []
-        now = time.monotonic()
+        now = self.clock()
         for report in reports:
             try:
                 task = reported_task(report, source)
@@ -561,7 +568,7 @@ class Ingest(Recorder):
         """:func:`~crux_dask.plugins.tasks.task_events` of ``task``; none if it cannot be
         made (``refuse`` is told)."""
         try:
-            return task_events(task, self.roots)
+            return task_events(task, self.roots, self.wall)
         except Exception as error:
             refuse(task, error)
             return []
@@ -600,7 +607,7 @@ class Ingest(Recorder):
             for join in late:
                 events += self._unfold(_with_files(self.awaiting_files.pop(join)[0], []),
                                        self._refused)
-            self.builder.apply_many(_in_time_order(events), time.monotonic(),
+            self.builder.apply_many(_in_time_order(events), self.clock(),
                                     on_error=self._refused)
         unmatched = [join for join, (_, since) in self.early_files.items()
                      if older_than is None or since < older_than]
@@ -624,11 +631,11 @@ class Ingest(Recorder):
         """
         started = time.perf_counter(), time.thread_time()
         self._release_files(older_than)
-        waited = time.monotonic() - self.park_timeout
-        events = [event for task in self._unreported(None, waited)
-                  for event in self._events_of(task, time.monotonic(), self._refused)]
+        now = self.clock()
+        events = [event for task in self._unreported(None, now - self.park_timeout)
+                  for event in self._events_of(task, now, self._refused)]
         if events:
-            self.builder.apply_many(_in_time_order(events), time.monotonic(),
+            self.builder.apply_many(_in_time_order(events), now,
                                     on_error=self._refused)
         self.builder.resolve_parked(older_than)
         self._spool_if_due()
@@ -643,7 +650,7 @@ class Ingest(Recorder):
 
     def _spool_if_due(self) -> None:
         if self.spool.due(self.builder):
-            self.builder = self.spool.spool(self.builder)
+            self.builder = self.spool.spool(self.builder, self.wall())
 
 
 def _with_files(task: Finished, files: Any) -> Finished:

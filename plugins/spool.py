@@ -11,7 +11,7 @@ import concurrent.futures
 import logging
 import shutil
 import tempfile
-import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,11 +76,14 @@ class Spool:
         return (self.max_states is not None and n_states > self.max_states
                 and n_states - builder.n_live > self.max_states // 2)
 
-    def spool(self, builder: PAGBuilder) -> PAGBuilder:
+    def spool(self, builder: PAGBuilder, now: float) -> PAGBuilder:
         """Write ``builder``'s graph in the spool thread; return the builder that goes on.
 
-        The new builder starts where ``builder`` stops: the data still held
-        by workers carries over, so later events find it.
+        The new builder starts where ``builder`` stops, at wall time ``now``: the
+        data still held by workers carries over, so later events find it.  Its run
+        id follows from ``builder``'s, so that spooling the same graph again (a
+        graph process that resumes, see :mod:`crux_dask.plugins.journal`) writes
+        the same segment over itself.
         """
         from crux_dask.pag import PAG
         from crux_dask.provenance import write_dataset
@@ -93,8 +96,8 @@ class Spool:
         self.n_states += builder.store.n_states
         self.n_lost += builder.n_lost
         self.last_end = builder.end
-        following = PAGBuilder()
-        following.continue_from(builder, time.time())
+        following = PAGBuilder(uuid.uuid5(uuid.NAMESPACE_OID, builder.run_id).hex)
+        following.continue_from(builder, now)
         logger.info("Crux spooled %d states to %s; the live graph now holds only what "
                     "came after", builder.store.n_states, self.directory)
         return following
@@ -110,11 +113,23 @@ class Spool:
 
     def written(self, run_id: str, directory: str, n_states: int, n_lost: int) -> None:
         """Take note of a segment another process wrote (:meth:`wait_last`), to read it
-        back here; ``n_states`` and ``n_lost`` are that spool's totals."""
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result(None)
-        self._segments.append((run_id, done))
+        back here, once however often it is told; ``n_states`` and ``n_lost`` are that
+        spool's totals."""
+        if run_id not in self.run_ids:
+            self._segments.append((run_id, _done()))
         self.directory, self.n_states, self.n_lost = directory, n_states, n_lost
+
+    def wait(self) -> None:
+        """Wait until every segment is written (raises what writing one raised)."""
+        for _, write in self._segments:
+            write.result()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy keeps: the segments written (wait for them first), no thread."""
+        return {**vars(self), "_thread": None, "_segments": self.run_ids}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state, _segments=[(run_id, _done()) for run_id in state["_segments"]])
 
     def read(self, run_id: str) -> concurrent.futures.Future[PAG]:
         """Read the spooled segment ``run_id`` back, in the spool thread.
@@ -166,3 +181,10 @@ class Spool:
         if self._thread is None:
             self._thread = concurrent.futures.ThreadPoolExecutor(1, "crux-spool")
         return self._thread.submit(function, *args)
+
+
+def _done() -> concurrent.futures.Future:
+    """A future that is done: of a segment written."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_result(None)
+    return done

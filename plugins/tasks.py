@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -297,14 +297,15 @@ class Announced:
                 requested[row] = moment
 
 
-def task_events(task: Finished, roots: Mapping[int, int] | None = None) -> list[tuple]:
+def task_events(task: Finished, roots: Mapping[int, int] | None = None,
+                wall: Callable[[], float] = time.time) -> list[tuple]:
     """The builder's events of a finished task.
 
     ``roots`` maps the number the scheduler gave the task's graph to the root
     state; without it, the number is the state.
 
-    The task's ``compute`` event: start and stop are its run's (now, for a
-    task that has none), kind, label, location and reads come from its
+    The task's ``compute`` event: start and stop are its run's (``wall()``, for
+    a task that has none), kind, label, location and reads come from its
     ``crux`` annotation; a failed task makes a state of size zero whose origin
     is ``erred``.
 
@@ -319,7 +320,7 @@ def task_events(task: Finished, roots: Mapping[int, int] | None = None) -> list[
         root = roots.get(root, -1)
     start, stop = task.start, task.stop
     if stop is None:
-        start = stop = time.time()
+        start = stop = wall()
     annotation = task.annotation
     kind = label = location = reads = None
     if isinstance(annotation, dict):

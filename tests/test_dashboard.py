@@ -815,8 +815,8 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
 
 def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
     """The graph process computing what a page shows dies: the page, which the scheduler
-    serves, keeps its websocket, and the path of a span chosen afterwards is found from
-    the graph the scheduler received, with no error in the browser's console."""
+    serves, keeps its websocket, and the path of a span chosen afterwards is found by the
+    process that resumed, with no error in the browser's console."""
     import signal
 
     from selenium.webdriver.support.ui import WebDriverWait
@@ -829,7 +829,7 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
         crux = c.cluster.scheduler.plugins["crux"]
         os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
         WebDriverWait(driver, 30, poll_frequency=0.25).until(
-            lambda driver: not crux.ingest.alive, "the graph process was not seen to die")
+            lambda driver: crux.ingest.restarts == 1, "the graph process was not restarted")
         choose_span(driver, "first", len(first))
         assert driver.execute_script("return window.cruxFirstLoad === true")  # not reloaded
         assert console_errors(driver) == []

@@ -1,0 +1,256 @@
+"""The graph process: the engine, fed by the scheduler over a pipe, its steps journaled.
+
+Started by :class:`~crux_dask.plugins.graph_process.GraphProcess` as
+``python -m crux_dask.plugins.graph_child INBOX OUTBOX``.  It resumes from
+the journal of its recording if there is one (a process before it died), and
+takes a snapshot to start its own generation; it then applies what the
+scheduler sends, tells it which entries are durable (journaled), sends back the
+rows the graph grew by and the segments it spooled, and answers questions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import pickle
+import sys
+import time
+from array import array
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+from typing import Any
+
+from crux_dask.plugins.engine import Engine
+from crux_dask.plugins.journal import Journal
+from crux_dask.plugins.staging import Pieces
+
+__all__ = ["main", "serve"]
+
+#: Seconds between two sends of the rows the process added while it applies, and
+#: the most states per send: the scheduler's event loop reads a send at once, and
+#: appends it in one piece when something reads the graph (2.5 ms for 2,048 states
+#: and their mutations in a busy scheduler here, the page faults of its columns'
+#: fresh chunks included).
+SHIP_INTERVAL = 0.05
+SHIP_STATES = 2048
+#: Events the process applies between two looks at what the scheduler sent.
+PROCESS_SLICE = 2048
+#: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
+#: the oldest beyond are let go.  The scheduler lets go of what it no longer reads (and
+#: keeps at most ``STAGED_MAX`` stagings, of two answers each): this bounds the rest.
+KEPT_MAX = 16
+
+
+def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> None:
+    """Apply what the scheduler sends (``inbox``), send back (``outbox``) what the graph
+    grew by, until ``close`` or until the scheduler is gone (the journal stays then)."""
+    journal = Journal(settings["spool_dir"], settings["run_id"])
+    engine = _engine(journal, settings)
+    shipper = _Shipper(outbox, engine)
+    shipper.resumed()
+    # What the process holds by now, its modules' objects, is never garbage: left out
+    # of the collector's walks (one full collection of them took 37 ms here).
+    gc.freeze()
+    idle_wait = settings["apply_interval"]
+    closed = False
+    try:
+        while True:
+            busy = engine.busy()
+            if inbox.poll(0 if busy else idle_wait):
+                raw = inbox.recv_bytes()
+                message = pickle.loads(raw)
+                if message[0] == "close":
+                    closed = True
+                    break
+                _handle(message, raw, engine, shipper)
+                continue
+            if busy:
+                engine.slice()
+                more = engine.busy()
+                if not more:
+                    engine.resolve()
+                shipper.ship(due=more)  # the rest of a burst goes at once
+            else:
+                engine.resolve()
+                shipper.ship()
+    except (EOFError, OSError, KeyboardInterrupt):  # the scheduler is gone
+        pass
+    finally:
+        journal.close(remove=closed)
+        engine.ingest.spool.close()
+    with contextlib.suppress(OSError, ValueError):
+        outbox.send(("closed",))
+
+
+def _engine(journal: Journal, settings: dict[str, Any]) -> Engine:
+    """The engine as the journal left it (every step done again), or a new one; its
+    snapshot starts a generation of the journal."""
+    loaded = journal.load()
+    if loaded is None:
+        from crux_dask.graph.builder import PAGBuilder
+        from crux_dask.plugins.ingest import Ingest
+        from crux_dask.plugins.spool import Spool
+
+        spool = Spool(settings["max_states"], settings["spool_dir"])
+        ingest = Ingest(PAGBuilder(run_id=settings["run_id"]), spool,
+                        max_pending=settings["max_pending"],
+                        park_timeout=settings["park_timeout"], slice_events=PROCESS_SLICE,
+                        slice_seconds=None)
+        engine = Engine(ingest, journal)
+    else:
+        state, steps = loaded
+        engine = Engine.from_state(state)
+        engine.replay(steps)
+        engine.journal = journal
+    journal.snapshot(engine.state())
+    return engine
+
+
+def _handle(message: tuple, raw: bytes, engine: Engine, shipper: _Shipper) -> None:
+    kind = message[0]
+    if kind == "entries":
+        if engine.take(raw):
+            shipper.durable()
+    elif kind == "drain":
+        while engine.busy():
+            engine.slice()
+            shipper.ship(due=True)
+        engine.resolve(everything=True)
+        shipper.ship()
+        shipper.answer(message[1], None)
+    elif kind == "external":
+        _, number, mutation, fields = message
+        outcome = engine.external(number, mutation, fields)
+        shipper.ship()
+        if isinstance(outcome, ValueError):
+            shipper.answer(number, None, outcome)
+        else:
+            shipper.answer(number, outcome)
+    elif kind == "piece":
+        _, number, kept, index = message
+        pieces = shipper.kept.get(kept)
+        if pieces is None or not 0 <= index < len(pieces):
+            shipper.answer(number, None, KeyError(f"no piece {index} of answer {kept} "
+                                                  "(let go, or never made)"))
+        else:
+            shipper.answer(number, pieces[index])
+    elif kind == "release":
+        shipper.kept.pop(message[1], None)
+    elif kind == "analyse":
+        _, number, function, args = message
+        builder = engine.ingest.builder
+        try:
+            value = function(builder.store, builder.end, *args)
+        except Exception as error:
+            shipper.answer(number, None, error)
+        else:
+            shipper.answer(number, value)
+
+
+class _Shipper:
+    """Sends the rows the process's store grew by, announces spooled segments and what is
+    durable, answers questions, and keeps the answers in pieces until the scheduler lets
+    them go."""
+
+    def __init__(self, connection: Connection, engine: Engine) -> None:
+        self.connection = connection
+        self.engine = engine
+        self.ingest = engine.ingest
+        self.store = engine.ingest.builder.store
+        self.shipped = dict.fromkeys(self.store.lengths(), 0)
+        self.last = 0.0
+        self.summary: dict[str, Any] = {}
+        #: Answers in pieces, by number, until the scheduler lets them go.
+        self.kept: OrderedDict[int, Pieces] = OrderedDict()
+
+    def resumed(self) -> None:
+        """Tell the scheduler of every segment spooled and every entry durable so far."""
+        spool = self.ingest.spool
+        for run_id in spool.run_ids:
+            self.connection.send(("spooled", run_id, spool.directory, spool.n_states,
+                                  spool.n_lost))
+        self.durable()
+
+    def durable(self) -> None:
+        """Write the journal, and tell the scheduler the entries taken are durable."""
+        self.engine.journal.flush()
+        self.connection.send(("durable", self.engine.last_seq))
+
+    def ship(self, due: bool = False) -> None:
+        """Send what is new: now, or if ``due``, once :data:`SHIP_INTERVAL` passed or
+        :data:`SHIP_STATES` states were made since the last send."""
+        now = time.monotonic()
+        ingest = self.ingest
+        if due and now - self.last < SHIP_INTERVAL and (
+                ingest.builder.store.n_states - self.shipped["state_time"] < SHIP_STATES):
+            return
+        self.last = now
+        self.engine.journal.flush()
+        if ingest.builder.store is not self.store:  # spooled: the rest, then the next
+            self._send_rows(spooled=True)
+            self.store = ingest.builder.store
+            self.shipped = dict.fromkeys(self.store.lengths(), 0)
+            self.engine.journal.snapshot(self.engine.state())  # the journal starts again
+        self._send_rows(spooled=False)
+
+    def _send_rows(self, spooled: bool) -> None:
+        store, shipped = self.store, self.shipped
+        lengths = store.lengths()
+        rows: dict[str, Any] = {}
+        for name, length in lengths.items():
+            start = shipped[name]
+            if length > start:
+                value = getattr(store, name)
+                if isinstance(value, array):
+                    rows[name] = value[start:length].tobytes()
+                else:
+                    rows[name] = (value.values[start:length],
+                                  len(value.codes) == len(value.values))
+        self.shipped = lengths
+        ingest, builder = self.ingest, self.ingest.builder
+        summary = {
+            "end": ingest.spool.last_end if spooled else builder.end,
+            "n_applied": builder.n_applied, "n_parked": builder.n_parked,
+            "n_parked_total": builder.n_parked_total, "n_fallbacks": builder.n_fallbacks,
+            "n_lost": builder.n_lost, "n_states": store.n_states,
+            "n_mutations": store.n_mutations, "counts": dict(ingest.counts),
+            "pending": ingest.pending, "last_error": ingest.last_error,
+        }
+        if rows or summary != self.summary:  # nothing new: nothing sent
+            self.summary = summary
+            rows = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL) if rows else b""
+            self.connection.send(("rows", store.run_id, rows, {
+                **summary, "apply_seconds": ingest.seconds["apply"],
+                "cpu_seconds": time.process_time()}))
+        if spooled:
+            self.connection.send(("spooled", *ingest.spool.wait_last()))
+
+    def answer(self, number: int, value: Any, error: Exception | None = None) -> None:
+        """Send the answer to question ``number``; one in :class:`Pieces` is kept, and
+        only its length and head are sent (the pieces are asked for one by one)."""
+        try:
+            if isinstance(value, Pieces):
+                self.connection.send(("kept", number, len(value), value.head))
+                self.kept[number] = value
+                while len(self.kept) > KEPT_MAX:
+                    self.kept.popitem(last=False)
+            else:
+                self.connection.send(("answer", number, value, error))
+        except (pickle.PicklingError, TypeError, AttributeError) as failure:
+            self.connection.send(("answer", number, None, RuntimeError(
+                f"the graph process could not send its answer: {failure!r}")))
+
+
+def main(inbox: int, outbox: int) -> None:
+    """The graph process: :func:`serve` on the pipes ``inbox`` and ``outbox`` (file
+    descriptors), with the settings the scheduler sends first."""
+    receiving, sending = Connection(inbox, writable=False), Connection(outbox, readable=False)
+    settings = receiving.recv()
+    sys.path[:] = settings.pop("sys_path")  # where the functions it is asked to run live
+    serve(receiving, sending, settings)
+
+
+if __name__ == "__main__":  # python -m crux_dask.plugins.graph_child INBOX OUTBOX
+    from crux_dask.plugins.graph_child import main as _main  # by its name, as it pickles
+
+    _main(*map(int, sys.argv[1:3]))

@@ -728,7 +728,7 @@ def test_a_read_takes_its_budget_of_messages_and_leaves_the_rest_waiting():
 async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c, s, a, b):
     """Read a few hundred bytes a turn, the graph's pieces and the answer after them
     come in many turns, the pipe unread while complete messages wait: all arrive."""
-    from crux_dask.plugins import graph_process
+    from crux_dask.plugins import graph_pipe
     from crux_dask.wcp import critical_path
 
     await crux_dask.attach(c)
@@ -736,12 +736,12 @@ async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c,
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
     assert crux.graph_apart
-    read_bytes, graph_process.READ_BYTES = graph_process.READ_BYTES, 300
+    read_bytes, graph_pipe.READ_BYTES = graph_pipe.READ_BYTES, 300
     try:
         pag = await crux_dask.get_pag(c)
         path = await crux_dask.get_wcp(c)
     finally:
-        graph_process.READ_BYTES = read_bytes
+        graph_pipe.READ_BYTES = read_bytes
     assert not crux.ingest._paused and not crux.ingest._frames.waiting
     assert len(pag.states) == crux.builder.store.n_states
     expected = critical_path(crux.builder.store, default_end=crux.builder.end)

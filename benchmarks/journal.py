@@ -37,7 +37,7 @@ def one(tasks: int, spool_dir: str) -> dict[str, float]:
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         crux_dask.attach(client)
-        host = cluster.scheduler.plugins["crux"].ingest
+        host = cluster.scheduler.plugins["crux"].host
         db.range(tasks, npartitions=tasks).map(lambda x: x + 1).sum().compute()
         client.run(flush_worker)
         crux_dask.flush(client)

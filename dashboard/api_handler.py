@@ -45,7 +45,7 @@ class CruxHandler(web.RequestHandler):
 
     async def prepare(self) -> None:
         if self.reads_graph and self.request.method == "GET":
-            await self.plugin.caught_up()  # every state received, a few milliseconds at a time
+            await self.plugin.host.caught_up()  # every state received, a few milliseconds at a time
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")

@@ -115,7 +115,7 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
     latest: list[GraphView] = []
 
     def view() -> GraphView:
-        if latest and plugin.behind():  # appended a turn at a time meanwhile: as it was
+        if latest and plugin.host.behind():  # appended a turn at a time meanwhile: as it was
             return latest[0]
         builder = plugin.builder
         current = GraphView(builder.store, builder.end, analyse=plugin.analyse)

@@ -203,7 +203,7 @@ def _plugin(server: Any) -> Any:
 
 
 async def _drain_on_scheduler(dask_scheduler: Any) -> None:
-    await _plugin(dask_scheduler).ingest.drain()
+    await _plugin(dask_scheduler).host.drain()
 
 
 # The analyses come back pickled where they ran, in pieces (see ``pickled``), staged for

@@ -75,7 +75,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Attributes
     ----------
-    ingest : GraphHost
+    host : GraphHost
         The graph's host: the queue of received events, and what applies them
         and answers questions, in a process of its own (``crux-dask.graph-process``)
         or in the scheduler's (once started).
@@ -135,13 +135,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self.spool = Spool(self.max_states, self.spool_dir)
         if self.graph_process and os.name == "posix":  # it passes pipes to a child
-            self.ingest: GraphHost = GraphProcess(self.spool, {
+            self.host: GraphHost = GraphProcess(self.spool, {
                 "max_pending": self.max_pending_events, "park_timeout": self.park_timeout,
                 "max_states": self.max_states, "spool_dir": self.spool_dir,
                 "apply_interval": self.apply_interval})
-            self.ingest.start()
+            self.host.start()
         else:
-            self.ingest = LocalHost(PAGBuilder(), self.spool,
+            self.host = LocalHost(PAGBuilder(), self.spool,
                                     max_pending=self.max_pending_events,
                                     park_timeout=self.park_timeout)
         self.graph_roots: dict[Any, int] = {}
@@ -158,11 +158,11 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if self.tasks_at_attach:
             logger.info("Crux attached to a running scheduler with %d tasks: it records "
                         "what happens from now on", self.tasks_at_attach)
-        self.ingest.root(self.attached_at, "attach")
-        scheduler.handlers[EVENTS_HANDLER] = self.ingest.receive
-        scheduler.handlers[FILES_HANDLER] = self.ingest.receive_files
+        self.host.root(self.attached_at, "attach")
+        scheduler.handlers[EVENTS_HANDLER] = self.host.receive
+        scheduler.handlers[FILES_HANDLER] = self.host.receive_files
         self.extensions = install_extensions(scheduler, self)
-        self._callback = PeriodicCallback(self.ingest.tick, self.apply_interval * 1000)
+        self._callback = PeriodicCallback(self.host.tick, self.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()
 
@@ -174,8 +174,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             self.scheduler.periodic_callbacks.pop("crux-apply", None)
         for staging in getattr(self, "staged", {}).values():  # never to be fetched now
             staging.release()
-        if getattr(self, "ingest", None) is not None:
-            await self.ingest.close()
+        if getattr(self, "host", None) is not None:
+            await self.host.close()
         if getattr(self, "spool", None) is not None:
             self.spool.close(remove_temporary=True)
 
@@ -183,18 +183,18 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def update_graph(self, scheduler: Scheduler, *, tasks: list | None = None,
                      **kwargs: Any) -> None:
         try:
-            root = self.ingest.root(time.time(), "graph")
+            root = self.host.root(time.time(), "graph")
             roots = self.graph_roots
             for key in tasks or ():
                 roots[key] = root
         except Exception as error:
-            self.ingest.failed("update_graph", error)
+            self.host.failed("update_graph", error)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         try:
-            self.ingest.record((LOST, worker, time.time()))
+            self.host.record((LOST, worker, time.time()))
         except Exception as error:
-            self.ingest.failed("remove_worker", error)
+            self.host.failed("remove_worker", error)
 
     def transition(self, key: Any, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
@@ -216,13 +216,13 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 entry = self._finished(key, finish, kwargs.get("worker"), stimulus_id, kwargs)
                 if entry is None:
                     return
-            ingest = self.ingest
+            ingest = self.host
             ingest.queue.append(entry)
             ingest.pending += 1
             if ingest.pending >= ingest.max_pending:
                 ingest.apply_soon()  # only scheduled: the hook itself applies nothing
         except Exception as error:
-            self.ingest.failed("transition", error)
+            self.host.failed("transition", error)
 
     def _finished(self, key: Any, finish: str, worker: str | None, stimulus_id: str | None,
                   kwargs: dict[str, Any]) -> tuple | None:
@@ -254,33 +254,16 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def builder(self) -> PAGBuilder:
         """The builder of the segment being recorded, with every event applied so far.
 
-        Read it; events reach it only through :attr:`ingest`.  On the event
-        loop, await :meth:`caught_up` first: reading the store of a graph built
+        Read it; events reach it only through :attr:`host`.  On the event
+        loop, await ``host.caught_up()`` first: reading the store of a graph built
         in its own process appends at once what it sent and was not read yet.
         """
-        return self.ingest.builder
-
-    async def caught_up(self) -> None:
-        """Make :attr:`builder` hold every state received so far, without holding the
-        event loop more than a few milliseconds at a time: await it before reading the
-        builder on the event loop (see :meth:`GraphHost.caught_up`)."""
-        await self.ingest.caught_up()
-
-    def behind(self) -> bool:
-        """Whether more states received than can be appended at once are not in
-        :attr:`builder` yet (see :meth:`GraphHost.behind`)."""
-        return self.ingest.behind()
-
-    @property
-    def graph_apart(self) -> bool:
-        """Whether the graph is built in a process of its own, alive: what
-        :meth:`analyse` computes is computed there."""
-        return self.ingest.apart
+        return self.host.builder
 
     @property
     def counts(self) -> dict[str, int]:
         """Events and batches received, applied and rejected; hook errors; HTTP writes."""
-        return {**self.ingest.counts, "events_received": self.ingest.received,
+        return {**self.host.counts, "events_received": self.host.received,
                 "http_accepted": self.http_writes["accepted"],
                 "http_rejected": self.http_writes["rejected"]}
 
@@ -292,7 +275,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         an unknown source state or kind); the state is in :attr:`builder`
         when this returns.
         """
-        return await self.ingest.external(kind, **fields)
+        return await self.host.external(kind, **fields)
 
     def count_http_write(self, accepted: bool) -> None:
         """Count one write request of the JSON API, accepted or rejected."""
@@ -314,7 +297,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """Every spooled segment, read back and cut into pieces
         (:meth:`PAGStore.to_pieces`), oldest first; their head: how many pieces
         each segment's store has (see :meth:`GraphHost.spooled_pieces`)."""
-        return await self.ingest.spooled_pieces()
+        return await self.host.spooled_pieces()
 
     async def transition_chunks(self) -> list[tuple[tuple, ...]]:
         """The scheduler's transitions for the export, as the chunks of
@@ -349,12 +332,12 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     async def analyse(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(store, end, *args)`` on the graph applied so far, off the event loop
         (see :meth:`GraphHost.ask`)."""
-        return await self.ingest.ask(function, *args)
+        return await self.host.ask(function, *args)
 
     async def pieces(self) -> Pieces | KeptPieces:
         """The graph applied so far, cut into pieces (:meth:`PAGStore.to_pieces`); their
         head: its end state (see :meth:`GraphHost.pieces`)."""
-        return await self.ingest.pieces()
+        return await self.host.pieces()
 
     def stage(self, parts: list[Pieces | KeptPieces]) -> str:
         """Keep ``parts`` for a client to fetch one piece at a time, as one
@@ -394,7 +377,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""
         builder = self.builder
-        ingest = self.ingest
+        ingest = self.host
         sizes = ingest.sizes()
         return {
             **self.counts,

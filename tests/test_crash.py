@@ -84,7 +84,7 @@ def test_a_graph_process_killed_mid_run_is_resumed_and_loses_nothing(tmp_path):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
-        host = cluster.scheduler.plugins["crux"].ingest
+        host = cluster.scheduler.plugins["crux"].host
         sent: list[tuple] = []
         send = host._send
         host._send = lambda entries: (sent.append(("entries", len(sent), list(entries))),
@@ -133,7 +133,7 @@ if __name__ == "__main__":
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \\
             Client(cluster) as client:
         crux_dask.attach(client)
-        host = cluster.scheduler.plugins["crux"].ingest
+        host = cluster.scheduler.plugins["crux"].host
         held = []  # each layer's results, for the next
         for depth, layer in enumerate(layers(8, int(sys.argv[2]))):
             held.append(client.compute(layer))

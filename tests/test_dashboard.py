@@ -202,7 +202,7 @@ def test_live_pages_compute_off_the_event_loop(apart):
     async def run(c, s, a, b):
         await crux_dask.attach(c)
         plugin = s.plugins["crux"]
-        assert plugin.graph_apart is apart
+        assert plugin.host.apart is apart
         result = c.compute(diamond())  # held: nothing is released while the test runs
         await result
         await crux_dask.get_wcp(c)  # every event applied
@@ -215,7 +215,7 @@ def test_live_pages_compute_off_the_event_loop(apart):
         driver.update()
         (pid, seen), = steps.computed
         if apart:
-            assert pid == plugin.ingest.remote["pid"] != os.getpid()
+            assert pid == plugin.host.remote["pid"] != os.getpid()
         else:
             assert pid == os.getpid() and seen != id(plugin.builder.store)
         at_once_steps, at_once_overview = StepsTable(data), PAGOverview(data)
@@ -269,7 +269,7 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
                  config={"crux-dask.graph-process": apart})
     async def run(c, s, a, b):
         await crux_dask.attach(c)
-        assert s.plugins["crux"].graph_apart is apart
+        assert s.plugins["crux"].host.apart is apart
         result = c.compute(diamond())  # held: nothing is released while the test runs
         await result
         expected = (await crux_dask.get_pag(c)).suggest()  # every event applied
@@ -827,9 +827,9 @@ def test_an_open_page_goes_on_finding_paths_when_the_graph_process_dies():
         assert rendered_bars(driver) == len(whole)
         driver.execute_script("window.cruxFirstLoad = true;")  # gone with a reload
         crux = c.cluster.scheduler.plugins["crux"]
-        os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
+        os.kill(crux.host.remote["pid"], signal.SIGKILL)
         WebDriverWait(driver, 30, poll_frequency=0.25).until(
-            lambda driver: crux.ingest.restarts == 1, "the graph process was not restarted")
+            lambda driver: crux.host.restarts == 1, "the graph process was not restarted")
         choose_span(driver, "first", len(first))
         assert driver.execute_script("return window.cruxFirstLoad === true")  # not reloaded
         assert console_errors(driver) == []

@@ -109,15 +109,15 @@ async def test_when_the_graph_process_dies_for_good_what_it_sent_stays(c, s, a, 
     readable on the scheduler."""
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
-    assert isinstance(crux.ingest, GraphProcess)
+    assert isinstance(crux.host, GraphProcess)
     assert await c.submit(inc, 1, key="before") == 2
     before = await crux_dask.get_pag(c)
     assert "before" in set(before.states["key"])
-    await async_poll_for(lambda: crux.ingest.remote["pid"] is not None, timeout=10)
+    await async_poll_for(lambda: crux.host.remote["pid"] is not None, timeout=10)
     sent = crux.stats()["states"]
-    crux.ingest.restarts = RESTARTS  # as if it had died as often already
-    os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
-    await async_poll_for(lambda: not crux.ingest.alive, timeout=10)
+    crux.host.restarts = RESTARTS  # as if it had died as often already
+    os.kill(crux.host.remote["pid"], signal.SIGKILL)
+    await async_poll_for(lambda: not crux.host.alive, timeout=10)
     # What it sent is appended on the scheduler from now on, unasked.
     await async_poll_for(lambda: crux.builder._store.n_states >= sent > 0, timeout=10)
 
@@ -155,7 +155,7 @@ async def test_the_scheduler_appends_the_graph_sent_back_only_when_it_is_read(c,
     futures = c.map(inc, range(40), key=[f"t-{i}" for i in range(40)])  # kept: no releases
     await c.gather(futures)
     await c.run(flush_worker)
-    await crux.ingest.drain()
+    await crux.host.drain()
     mirror = crux.builder
     stats = crux.stats()
     assert stats["states"] >= 40 and stats["mutations"] >= 40
@@ -266,9 +266,9 @@ async def test_a_graph_reaches_the_client_from_its_process_a_few_pieces_at_a_tim
     assert await c.compute(dask.delayed(sum)([dask.delayed(inc)(i) for i in range(20)])) == 210
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
-    assert crux.graph_apart
+    assert crux.host.apart
     held, most, asked = [0], [0], []
-    receive, post, fetch = crux.ingest._on_message, crux.ingest._post, KeptPieces.fetch
+    receive, post, fetch = crux.host._on_message, crux.host._post, KeptPieces.fetch
 
     def on_message(message: tuple) -> None:
         if message[0] == "answer" and isinstance(message[2], bytes):  # a piece
@@ -281,8 +281,8 @@ async def test_a_graph_reaches_the_client_from_its_process_a_few_pieces_at_a_tim
         held[0] -= 1
         return piece
 
-    crux.ingest._on_message = on_message
-    crux.ingest._post = lambda message: (asked.append(message[0]), post(message))[1]
+    crux.host._on_message = on_message
+    crux.host._post = lambda message: (asked.append(message[0]), post(message))[1]
     KeptPieces.fetch = fetched
     try:
         pag = await crux_dask.get_pag(c)
@@ -309,14 +309,14 @@ async def test_a_piece_of_an_answer_let_go_is_refused_and_the_process_goes_on(c,
     with pytest.raises(IndexError):
         await kept.fetch(len(kept))
     with pytest.raises(KeyError, match=f"no piece {len(kept)} of answer {number}"):
-        await crux.ingest._ask("piece", number, len(kept))  # refused there too
+        await crux.host._ask("piece", number, len(kept))  # refused there too
     assert PAGStore.from_pieces(await kept.fetch_all()).n_states == crux.builder.store.n_states
     kept.release()
     with pytest.raises(KeyError, match="let go"):
         await kept.fetch(1)
     with pytest.raises(KeyError, match="let go, or never made"):
-        await crux.ingest._ask("piece", number, 1)
-    assert crux.graph_apart and "one" in set((await crux_dask.get_pag(c)).states["key"])
+        await crux.host._ask("piece", number, 1)
+    assert crux.host.apart and "one" in set((await crux_dask.get_pag(c)).states["key"])
 
 
 @gen_cluster(client=True)
@@ -331,8 +331,8 @@ async def test_stagings_a_client_never_fetched_are_let_go_in_the_process(c, s, a
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
     posted = []
-    post = crux.ingest._post
-    crux.ingest._post = lambda message: (posted.append(message[0]), post(message))[1]
+    post = crux.host._post
+    crux.host._post = lambda message: (posted.append(message[0]), post(message))[1]
     tokens = [(await _stage_pag_on_scheduler(s))[0]]
     evicted = crux.staged[tokens[0]].parts[-1]  # the live graph, kept by the process
     tokens += [(await _stage_pag_on_scheduler(s))[0] for _ in range(STAGED_MAX + 1)]
@@ -340,7 +340,7 @@ async def test_stagings_a_client_never_fetched_are_let_go_in_the_process(c, s, a
     with pytest.raises(KeyError, match="let go"):
         await evicted.fetch(0)
     with pytest.raises(KeyError, match="let go, or never made"):  # the process's answer
-        await crux.ingest._ask("piece", evicted._ask.args[1], 0)
+        await crux.host._ask("piece", evicted._ask.args[1], 0)
     newest = crux.staged[tokens[-1]]
     pieces = [await crux.staged_piece(tokens[-1], i) for i in range(len(newest))]
     assert PAGStore.from_pieces(pieces[1:]).n_states == crux.builder.store.n_states
@@ -363,17 +363,17 @@ async def test_a_path_whose_pieces_died_with_the_process_is_made_again_for_the_h
     async def dying(function, *args):
         answer = await analyse(function, *args)
         answers.append(type(answer).__name__)
-        if crux.ingest.restarts == 0:
-            os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
-            await async_poll_for(lambda: crux.ingest.restarts == 1, timeout=10)
+        if crux.host.restarts == 0:
+            os.kill(crux.host.remote["pid"], signal.SIGKILL)
+            await async_poll_for(lambda: crux.host.restarts == 1, timeout=10)
         return answer
 
     crux.analyse = dying
     response = await AsyncHTTPClient().fetch(
         f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/wcp")
     assert answers == ["KeptPieces", "KeptPieces"]  # the second by the process resumed
-    await crux.ingest.drain()
-    await crux.caught_up()
+    await crux.host.drain()
+    await crux.host.caught_up()
     expected = critical_path(crux.builder.store, default_end=crux.builder.end)
     steps = json.loads(response.body)["steps"]
     assert [step["key"] for step in steps] == expected.steps["key"].tolist()
@@ -408,7 +408,7 @@ async def test_a_scheduler_closes_without_waiting_for_a_graph_process_still_star
     does not wait for it; once started, it reads "close" and
     exits."""
     await crux_dask.attach(c)
-    ingest = s.plugins["crux"].ingest
+    ingest = s.plugins["crux"].host
     assert not ingest._started  # only roots so far: no process yet
     may_start = threading.Event()
     spawn = ingest._spawn
@@ -451,9 +451,9 @@ async def test_a_fetch_cut_short_by_the_graph_process_s_death_is_made_again(c, s
     fetch = crux.staged_piece
 
     async def staged_piece(token: str, index: int) -> bytes:
-        if index == 3 and crux.ingest.restarts == 0:
-            os.kill(crux.ingest.remote["pid"], signal.SIGKILL)
-            await async_poll_for(lambda: crux.ingest.restarts == 1, timeout=10)
+        if index == 3 and crux.host.restarts == 0:
+            os.kill(crux.host.remote["pid"], signal.SIGKILL)
+            await async_poll_for(lambda: crux.host.restarts == 1, timeout=10)
         return await fetch(token, index)
 
     crux.staged_piece = staged_piece
@@ -461,10 +461,10 @@ async def test_a_fetch_cut_short_by_the_graph_process_s_death_is_made_again(c, s
     crux.stage = lambda parts: (stagings.append([type(part).__name__ for part in parts]),
                                 stage(parts))[1]
     pag = await crux_dask.get_pag(c)
-    assert crux.ingest.alive and crux.staged == {}
+    assert crux.host.alive and crux.staged == {}
     assert [kinds[-1] for kinds in stagings] == ["KeptPieces", "KeptPieces"]  # staged again
-    await crux.ingest.drain()
-    await crux.caught_up()
+    await crux.host.drain()
+    await crux.host.caught_up()
     mirror = crux.builder.store
     every = np.arange(mirror.n_states)
     assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
@@ -477,13 +477,13 @@ async def test_a_question_that_cannot_travel_fails_only_its_asker(c, s, a, b):
     the writer goes on sending what follows."""
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
-    assert crux.graph_apart
+    assert crux.host.apart
     with pytest.raises(Exception, match=r"lambda|pickle"):
-        await crux.ingest.ask(lambda store, end: end)
-    assert "could not send 'analyse'" in crux.ingest.last_error
+        await crux.host.ask(lambda store, end: end)
+    assert "could not send 'analyse'" in crux.host.last_error
     assert await c.submit(inc, 1, key="after") == 2
     assert "after" in set((await crux_dask.get_pag(c)).states["key"])
-    assert crux.graph_apart
+    assert crux.host.apart
 
 
 @gen_cluster(client=True, config={"crux-dask.graph-process": False})
@@ -527,10 +527,10 @@ async def test_spooled_segments_are_read_back_by_the_graph_process_a_piece_per_m
         assert await c.compute(chain(300)) == 300
         await crux_dask.flush(c)
     crux = s.plugins["crux"]
-    assert crux.graph_apart and len(crux.spool.run_ids) >= 2
+    assert crux.host.apart and len(crux.spool.run_ids) >= 2
     kinds = []
-    receive = crux.ingest._on_message
-    crux.ingest._on_message = lambda message: (kinds.append(message[0]), receive(message))
+    receive = crux.host._on_message
+    crux.host._on_message = lambda message: (kinds.append(message[0]), receive(message))
     kept = await crux.spooled_pieces()
     assert isinstance(kept, KeptPieces) and [k for k in kinds if k != "rows"] == ["kept"]
     pieces = await kept.fetch_all()
@@ -735,14 +735,14 @@ async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c,
     assert await c.compute(chain(300)) == 300
     await crux_dask.flush(c)
     crux = s.plugins["crux"]
-    assert crux.graph_apart
+    assert crux.host.apart
     read_bytes, graph_pipe.READ_BYTES = graph_pipe.READ_BYTES, 300
     try:
         pag = await crux_dask.get_pag(c)
         path = await crux_dask.get_wcp(c)
     finally:
         graph_pipe.READ_BYTES = read_bytes
-    assert not crux.ingest._paused and not crux.ingest._frames.waiting
+    assert not crux.host._paused and not crux.host._frames.waiting
     assert len(pag.states) == crux.builder.store.n_states
     expected = critical_path(crux.builder.store, default_end=crux.builder.end)
     assert len(path) == len(expected) > 300

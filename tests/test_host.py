@@ -21,7 +21,7 @@ def test_each_host_answers_the_same_questions_alike(apart):
     async def run(c, s, a, b):
         await crux_dask.attach(c)
         crux = s.plugins["crux"]
-        host = crux.ingest
+        host = crux.host
         assert isinstance(host, GraphProcess if apart else LocalHost)
         assert host.apart is apart
         assert sum(await c.gather(c.map(inc, range(10)))) == 55

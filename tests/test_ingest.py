@@ -238,7 +238,7 @@ class ProbeAfter(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         crux = self.scheduler.plugins["crux"]
         self.calls += 1
-        self.pending_seen = max(self.pending_seen, crux.ingest.pending)
+        self.pending_seen = max(self.pending_seen, crux.host.pending)
         if crux.builder.n_applied != self.before.applied:
             self.changed.append((key, start, finish))
 
@@ -268,10 +268,10 @@ async def test_scheduler_hooks_never_apply_even_past_max_pending(c, s, a, b):
     assert await y == 1000
     await c.run(flush_worker)
     # The periodic callback waits an hour: only the slices the hooks scheduled apply.
-    await async_poll_for(lambda: crux.ingest.pending == 0, timeout=10)
+    await async_poll_for(lambda: crux.host.pending == 0, timeout=10)
     assert after.calls > 0 and after.pending_seen >= 1
     assert after.changed == [] and handler_changed == []
-    assert crux.ingest.counts["events_from_workers"] > 0
+    assert crux.host.counts["events_from_workers"] > 0
     pag = await crux_dask.get_pag(c)
     assert {"x", "y"} <= set(pag.states["key"])
     assert f"memory@{b.address}" in set(pag.states[pag.states["key"] == "x"]["location"])
@@ -285,7 +285,7 @@ async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a,
     crux = s.plugins["crux"]
     started = time.time()  # when the external data is made: it does not end the workflow
     assert await c.compute(chain(20)) == 20
-    pending, applied = crux.ingest.pending, crux.builder.n_applied
+    pending, applied = crux.host.pending, crux.builder.n_applied
     assert pending >= 20  # recorded by the hook, waiting for the periodic callback
 
     http = AsyncHTTPClient()
@@ -304,11 +304,11 @@ async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a,
                                                "time": started}))
     assert posted.code == 201
     # Nothing queued was applied by the requests; the write applied its own state only.
-    assert crux.ingest.pending >= pending and crux.builder.n_applied == applied + 1
+    assert crux.host.pending >= pending and crux.builder.n_applied == applied + 1
     assert json.loads(posted.body)["state_id"] == crux.builder.store.n_states - 1
 
     pag = await crux_dask.get_pag(c)
-    assert crux.ingest.pending == 0
+    assert crux.host.pending == 0
     assert {f"step-{i}" for i in range(20)} <= set(pag.states["key"])
     assert "ext" in set(pag.states["key"])
     steps.update()

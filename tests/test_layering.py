@@ -59,7 +59,7 @@ def test_a_scheduler_loads_pandas_only_for_what_needs_it():
         "            assert await c.compute(dask.delayed(sum)(xs)) == 210\n"
         "            from crux_dask.plugins.worker import flush_worker\n"
         "            assert await flush_worker(w)\n"
-        "            await s.plugins['crux'].ingest.drain()\n"
+        "            await s.plugins['crux'].host.drain()\n"
         "            assert s.plugins['crux'].stats()['states'] > 21  # the tasks' states\n"
         "asyncio.run(main())")
     assert "crux_dask.dashboard.pages" in modules  # the Crux tab is installed

@@ -183,7 +183,7 @@ async def test_memory_is_bounded_and_the_export_holds_everything(c, s, a, b, gra
 
     with dask.config.set({"crux-dask.graph-process": graph_process}):
         await crux_dask.attach(c)
-    assert s.plugins["crux"].graph_apart == graph_process
+    assert s.plugins["crux"].host.apart == graph_process
     assert await c.compute(chain(3_000)) == 3_000
     # The result's release too, on the workers, so that no event comes after the counts.
     await async_poll_for(lambda: not (s.tasks or a.state.tasks or b.state.tasks), timeout=30)

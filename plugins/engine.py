@@ -14,11 +14,13 @@ import pickle
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from crux_dask.pag import PAG
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.journal import Clocks, Journal, latest, read
+
+if TYPE_CHECKING:
+    from crux_dask.pag import PAG
 
 __all__ = ["Engine", "recover"]
 
@@ -133,6 +135,7 @@ def recover(path: str) -> PAG:
     """The graph a journal holds (``<spool dir>/journal/<run id>``, of a scheduler that
     is gone): its spooled segments and the one it was recording, with every entry
     journaled applied, and waiting events resolved as a drain would."""
+    from crux_dask.pag import PAG  # pandas: only here, not in every graph process
     from crux_dask.provenance import read_dataset
 
     state, steps = read(Path(path), latest(Path(path)))

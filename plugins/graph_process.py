@@ -42,8 +42,8 @@ from crux_dask.plugins.host import (
     spooled_graph_pieces,
     spooled_in_thread,
 )
-from crux_dask.plugins.ingest import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.mirror import Frames, GraphMirror
+from crux_dask.plugins.recorder import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Two hosts implement :class:`GraphHost`: :class:`LocalHost`, the ingest in the
 scheduler's process, stepped in bounded slices by a periodic callback, and
 :class:`~crux_dask.plugins.graph_process.GraphProcess`, the ingest in a
 process of its own.  Both take what the scheduler's hooks and the workers'
-handler record (:class:`~crux_dask.plugins.ingest.Recorder`), and answer the
+handler record (:class:`~crux_dask.plugins.recorder.Recorder`), and answer the
 same questions, so that no reader needs to know which one it asks.  What a
 host answers in a thread of the scheduler's process is answered here, on a
 copy of the columns taken up to the lengths read on the event loop.
@@ -30,7 +30,7 @@ __all__ = ["GraphHost", "LocalHost", "graph_pieces", "split_pieces", "spooled_gr
 
 class GraphHost(Protocol):
     """What the scheduler plugin asks of the graph (besides what
-    :class:`~crux_dask.plugins.ingest.Recorder` records).
+    :class:`~crux_dask.plugins.recorder.Recorder` records).
 
     Attributes
     ----------

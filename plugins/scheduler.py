@@ -28,7 +28,6 @@ from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.host import GraphHost, LocalHost
-from crux_dask.plugins.ingest import LOST
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES_HANDLER,
@@ -36,6 +35,7 @@ from crux_dask.plugins.protocol import (
     REPORTED,
     key_string,
 )
+from crux_dask.plugins.recorder import LOST
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import KeptPieces, Pieces, Staging
 from crux_dask.plugins.tasks import DONE, SENT, TASK

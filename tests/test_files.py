@@ -31,8 +31,9 @@ from crux_dask.dashboard.data import cached_key_groups
 from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins import files as watched
-from crux_dask.plugins.ingest import TASK_FILES, Ingest
+from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
+from crux_dask.plugins.recorder import TASK_FILES
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.task_reports import FILES_INLINE
 from crux_dask.plugins.tasks import TASK, Finished, task_events

@@ -11,8 +11,9 @@ import crux_dask
 from crux_dask.codec import encode_batch
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.model import CLIENT, memory_location
-from crux_dask.plugins.ingest import LOST, Ingest
+from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import REPORT_FIELDS
+from crux_dask.plugins.recorder import LOST
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.tasks import DONE, SENT, Announced, Sending

@@ -239,11 +239,19 @@ def recover(spool_dir: str, path: str) -> None:
     if not left:
         click.echo(f"error: no journal in {spool_dir}", err=True)
         sys.exit(2)
+    failed = False
     for journal in left:
-        pag = recover_graph(str(journal))
+        try:
+            pag = recover_graph(str(journal))
+        except Exception as error:  # a damaged journal: the others are still written
+            click.echo(f"error: could not recover the journal {journal}: {error!r}", err=True)
+            failed = True
+            continue
         write_dataset(path, pag)
         click.echo(f"Recording {journal.name}: {len(pag.states):,} data states in "
                    f"{len(pag.run_ids)} segment(s), written to {path}")
+    if failed:
+        sys.exit(2)
 
 
 def format_prefixes(path: CriticalPath, top: int = 10) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from click.testing import CliRunner
 
+from crux_dask.cli import main
 from crux_dask.plugins.journal import Clocks, Journal, journals
 
 
@@ -70,3 +72,16 @@ def test_clocks_play_back_what_they_read():
         clocks.monotonic()
     clocks.play(None)
     assert clocks.monotonic() > read[0]
+
+
+def test_recover_says_what_it_could_not_read_and_fails(tmp_path):
+    runner = CliRunner()
+    empty = runner.invoke(main, ["recover", str(tmp_path), str(tmp_path / "out")])
+    assert empty.exit_code == 2 and "no journal" in empty.output
+    journal = Journal(str(tmp_path), "run")
+    journal.snapshot("not an engine")  # a snapshot, but of nothing recoverable
+    journal.close()
+    damaged = runner.invoke(main, ["recover", str(tmp_path), str(tmp_path / "out")])
+    assert damaged.exit_code == 2
+    assert "could not recover the journal" in damaged.output
+    assert not (tmp_path / "out").exists()

@@ -120,7 +120,7 @@ def test_a_graph_process_killed_mid_run_is_resumed_and_loses_nothing(tmp_path):
 #: A scheduler that computes ``layers(8, N)`` a layer at a time, and says which
 #: layers are durable: each layer's tasks reported, sent and acknowledged.
 SCHEDULER = """
-import sys, time
+import sys, threading
 import dask
 from distributed import Client, LocalCluster
 from distributed.utils_test import poll_for
@@ -142,7 +142,7 @@ if __name__ == "__main__":
             sent = host.received
             poll_for(lambda: host.sent >= sent and not host._unacked, timeout=30)
             print("durable", depth, flush=True)
-        time.sleep(600)  # killed before
+        threading.Event().wait()  # until it is killed
 """
 
 

@@ -1,10 +1,8 @@
 """Columnar, append-only storage of a program activity graph.
 
 No Python object is kept per state or per mutation: every column is an
-:class:`array.array` of machine numbers (a
-:class:`~crux_dask.growable.ChunkedColumn` in a copy appended to in blocks),
-and strings are dictionary-encoded into small tables
-(:class:`~crux_dask.growable.StringTable`).  A state's id is its row number,
+:class:`array.array` of machine numbers, and strings are dictionary-encoded into
+small tables (:class:`~crux_dask.growable.StringTable`).  A state's id is its row number,
 a mutation's id is its row number, and because a mutation is only ever
 recorded towards a state created after its source, state ids are a
 topological order of the graph.
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crux_dask.growable import ChunkedColumn, Strings, StringTable
+from crux_dask.growable import Strings, StringTable
 from crux_dask.model import (
     CAUSE_COLUMNS,
     MOMENT_COLUMNS,
@@ -42,10 +40,6 @@ __all__ = ["NO_THREAD", "PAGStore"]
 NO_THREAD = -1
 
 _KIND_NAMES = np.array([k.name for k in MutationKind], dtype=object)
-
-#: What a store's columns are.
-_COLUMNS = (array, ChunkedColumn)
-
 
 class PAGStore:
     """The columns of one run's program activity graph.
@@ -148,7 +142,7 @@ class PAGStore:
         """The length of every column and string table: a point :meth:`copy` can copy up to."""
         return {name: len(value.values if isinstance(value, StringTable) else value)
                 for name, value in vars(self).items()
-                if isinstance(value, (*_COLUMNS, StringTable))}
+                if isinstance(value, (array, StringTable))}
 
     def copy(self, upto: dict[str, int] | None = None) -> PAGStore:
         """An independent copy (columns and string tables), up to ``upto`` (:meth:`lengths`).
@@ -192,7 +186,7 @@ class PAGStore:
         """Each column's typecode, and each string table's codes up to ``upto``."""
         upto = self.lengths() if upto is None else upto
         columns = {name: value.typecode for name, value in vars(self).items()
-                   if isinstance(value, _COLUMNS)}
+                   if isinstance(value, array)}
         tables = {name: {v: c for v, c in list(value.codes.items()) if c < upto[name]}
                   for name, value in vars(self).items() if isinstance(value, StringTable)}
         return columns, tables
@@ -204,7 +198,7 @@ class PAGStore:
         for name, value in vars(self).items():
             if isinstance(value, StringTable):
                 rows, step = value.values, _strings_per_piece(value.values)
-            elif isinstance(value, _COLUMNS):
+            elif isinstance(value, array):
                 rows, step = value, max(1, PIECE_BYTES // value.itemsize)
             else:
                 continue
@@ -229,18 +223,6 @@ class PAGStore:
         vars(store).update(columns, **tables)
         return store
 
-    @classmethod
-    def chunked(cls, run_id: str) -> PAGStore:
-        """An empty store of :class:`ChunkedColumn`: for a copy of a graph appended to in
-        blocks, on an event loop."""
-        store = cls(run_id)
-        columns = [(name, value) for name, value in vars(store).items()
-                   if isinstance(value, array)]
-        for number, (name, value) in enumerate(columns):  # ready, each at a fill of its own
-            setattr(store, name, ChunkedColumn(value.typecode,
-                                               0.25 + 0.5 * number / len(columns)))
-        return store
-
     def add_key(self, key: str, label: int, origin: int) -> int:
         """Like :meth:`key_code`, with the label and origin already encoded."""
         values = self.keys.values
@@ -251,7 +233,7 @@ class PAGStore:
 
     def nbytes(self) -> int:
         """Approximate memory held by the columns and string tables, in bytes."""
-        columns = [v for v in vars(self).values() if isinstance(v, _COLUMNS)]
+        columns = [v for v in vars(self).values() if isinstance(v, array)]
         tables = [self.keys, self.labels, self.locations, self.workers]
         return sum(sys.getsizeof(c) for c in columns) + sum(t.nbytes() for t in tables)
 
@@ -261,10 +243,7 @@ class PAGStore:
 
         With ``ids``, only those rows, in that order.
         """
-        values = getattr(self, name)
-        if isinstance(values, ChunkedColumn):
-            return values.take(ids)
-        view = np.asarray(values)
+        view = np.asarray(getattr(self, name))
         # Copy at once: a live view would stop the array from growing.
         return view.copy() if ids is None else view[ids]
 

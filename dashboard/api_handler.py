@@ -1,7 +1,7 @@
 """What every handler of the JSON API shares: the plugin, parameters, errors, answers.
 
-Handlers use only the plugin's public interface: ``builder`` (read, once
-``caught_up()``), ``stats()``, ``scopes()``, ``analyse()``, ``add_external()``,
+Handlers use only the plugin's public interface: ``progress()``, ``stats()``,
+``scopes()``, ``analyse()``, ``add_external()``,
 ``count_http_write()``, ``http_token`` and ``http_max_body``.
 """
 
@@ -21,7 +21,6 @@ from crux_dask.plugins.staging import KeptPieces, Pieces, fetched
 
 if TYPE_CHECKING:
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
-    from crux_dask.store import PAGStore
 
 MAX_LIMIT = 10_000
 
@@ -37,15 +36,8 @@ class BadParameter(ValueError):
 class CruxHandler(web.RequestHandler):
     """Shared plumbing: the plugin, parameter parsing, JSON errors."""
 
-    #: Whether a GET reads the graph applied so far (:attr:`store`).
-    reads_graph = False
-
     def initialize(self, plugin: CruxSchedulerPlugin) -> None:
         self.plugin = plugin
-
-    async def prepare(self) -> None:
-        if self.reads_graph and self.request.method == "GET":
-            await self.plugin.host.caught_up()  # every state received, a few milliseconds at a time
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -79,7 +71,7 @@ class CruxHandler(web.RequestHandler):
                                again: Callable[[], Awaitable[Pieces | KeptPieces]]) -> None:
         """Send a body made where the graph is built, in pieces, a piece per write.  If
         the graph process, which keeps them, is gone before the first, the body is made
-        ``again()`` (by the scheduler then, on its copy of the graph)."""
+        ``again()`` (by the process that took over, or by the scheduler)."""
         sent = 0
 
         async def send(piece: bytes) -> None:
@@ -109,15 +101,11 @@ class CruxHandler(web.RequestHandler):
 
     def state(self, name: str) -> int | None:
         value = self.number(name, int)
-        if value is not None and not 0 <= value < self.store.n_states:
-            raise BadParameter(name, f"{name} is not a state id (0 to "
-                                     f"{self.store.n_states - 1}), got {value}")
+        states = self.plugin.progress().n_states
+        if value is not None and not 0 <= value < states:
+            raise BadParameter(name, f"{name} is not a state id (0 to {states - 1}), "
+                                     f"got {value}")
         return value
-
-    @property
-    def store(self) -> PAGStore:
-        """The graph applied so far."""
-        return self.plugin.builder.store
 
     def respond(self, compute: Callable[[], Any]) -> None:
         """Answer with ``compute()`` as JSON, or a 400 naming a bad parameter."""

@@ -82,7 +82,6 @@ class NewDataWriter(StateWriter):
 class MutationWriteHandler(StateWriter):
     """``POST /mutations/{kind}``: an external operation that made a new state."""
 
-    reads_graph = False
 
     def get(self, kind: str) -> None:
         self.fail(405, "use POST to add a mutation; GET /mutations lists them")

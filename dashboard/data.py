@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,7 +19,12 @@ from crux_dask.wcp import CriticalPath, critical_path
 
 if TYPE_CHECKING:
     from crux_dask.pag import PAG
+    from crux_dask.plugins.host import Progress
     from crux_dask.plugins.scheduler import CruxSchedulerPlugin
+
+#: What a view asks of its graph: ``await analyse(function, *args)`` is
+#: ``function(store, end, *args)``, computed where the graph is.
+Analyse = Callable[..., Awaitable[Any]]
 
 
 @dataclass
@@ -44,33 +51,41 @@ cached_key_groups = KeyGroups(_shown_group)
 
 @dataclass
 class GraphView:
-    """A store with its end state and the path selected, and a version that
-    changes when either does.
+    """A graph with its end state and the path selected, and a version that changes
+    when either does.
 
-    The selected critical path is computed once per view and shared by the
-    components that read it.  ``analyse``: for the graph being recorded, the
+    A page reads a view on the scheduler's event loop: its :attr:`version`,
+    and :attr:`analyse`, which computes what the page shows where the graph is
+    (see :class:`~.off_loop.OffLoop`): for the graph being recorded, the
     scheduler plugin's :meth:`~crux_dask.plugins.CruxSchedulerPlugin.analyse`,
-    which computes what a page shows where the graph is built (see
-    :class:`~.off_loop.OffLoop`); ``None`` for a graph that no longer changes, read in a
-    thread as it is.
+    whose view has no ``store`` (only its ``progress``); for a graph that no
+    longer changes, a thread.  What is computed there reads a view with the
+    ``store``; its critical path is computed once per view and shared by the
+    components that read it.
     """
 
-    store: PAGStore
+    store: PAGStore | None
     end: int
     selection: PathSelection | None = None
-    analyse: Callable[..., Awaitable[Any]] | None = None
+    analyse: Analyse | None = None
+    progress: Progress | None = None
     _path: CriticalPath | None = None
+
+    def __post_init__(self) -> None:
+        if self.analyse is None and self.store is not None:
+            self.analyse = _in_thread_on(self.store, self.end)
 
     @property
     def version(self) -> tuple:
         chosen = self.selection or PathSelection()
-        return (self.store.run_id, self.store.n_states, self.store.n_mutations, self.end,
+        graph = self.progress or self.store
+        return (graph.run_id, graph.n_states, graph.n_mutations, self.end,
                 chosen.start, chosen.end, chosen.method,
                 None if chosen.scope is None else chosen.scope.id)
 
     def with_selection(self, selection: PathSelection) -> GraphView:
         """The same graph, with another path selected."""
-        return GraphView(self.store, self.end, selection, self.analyse)
+        return GraphView(self.store, self.end, selection, self.analyse, self.progress)
 
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code (found once per key,
@@ -101,24 +116,15 @@ Source = Callable[[], GraphView]
 
 
 def live_source(plugin: CruxSchedulerPlugin) -> Source:
-    """The graph a scheduler plugin is building, as applied so far.
-
-    Reading it applies nothing: events still queued appear at a later update,
-    once the plugin's periodic callback has applied them.  States received from
-    a graph process and not appended yet (see
-    :class:`~crux_dask.plugins.mirror.GraphMirror`) are appended as the
-    view is read; more than a few milliseconds' worth appear once they are
-    appended, a turn at a time: until then the view stays as it was (but for
-    the first).
-    """
+    """The graph a scheduler plugin is building, as applied so far (its
+    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.progress`): reading it asks nothing,
+    and applies nothing: events still queued appear at a later update."""
 
     latest: list[GraphView] = []
 
     def view() -> GraphView:
-        if latest and plugin.host.behind():  # appended a turn at a time meanwhile: as it was
-            return latest[0]
-        builder = plugin.builder
-        current = GraphView(builder.store, builder.end, analyse=plugin.analyse)
+        progress = plugin.progress()
+        current = GraphView(None, progress.end, analyse=plugin.analyse, progress=progress)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -133,8 +139,7 @@ def selected_source(data: Source, selection: PathSelection) -> Source:
 
     def view() -> GraphView:
         base = data()
-        current = GraphView(base.store, base.end, PathSelection(**vars(selection)),
-                            base.analyse)
+        current = base.with_selection(PathSelection(**vars(selection)))
         if latest and latest[0].version == current.version:
             return latest[0]
         latest[:] = [current]
@@ -165,7 +170,7 @@ class Runs:
 
     def options(self) -> list[tuple[str, str]]:
         """``(value, label)`` pairs for a selector, the run being recorded first."""
-        current = [("", f"recording: {self.plugin.builder.run_id[:12]}")]
+        current = [("", f"recording: {self.plugin.progress().run_id[:12]}")]
         spooled = [(run_id, f"spooled: {run_id[:12]}")
                    for run_id in reversed(self.plugin.spooled_runs())]
         return current + spooled
@@ -214,3 +219,34 @@ def static_source(pag: PAG, run_id: str | None = None) -> Source:
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
     view = GraphView(pag.stores[index], pag.ends[index])
     return lambda: view
+
+
+def _in_thread_on(store: PAGStore, end: int) -> Analyse:
+    """What a view of a graph that no longer changes asks it: in a thread."""
+    async def analyse(function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.wrap_future(in_thread(function, store, end, *args))
+
+    return analyse
+
+
+def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"
+              ) -> Future:
+    """``function(*args)`` in a thread of its own, which ends with it.
+
+    Not a pool: a thread left waiting for work would outlive the scheduler's
+    dashboard (and be reported as leaked by distributed's tests).  Once it runs
+    the future cannot be cancelled (as an executor's): one awaited by a task
+    cancelled with its event loop still gets its result.
+    """
+    result: Future = Future()
+
+    def run() -> None:
+        if not result.set_running_or_notify_cancel():
+            return
+        try:
+            result.set_result(function(*args))
+        except BaseException as error:  # handed to whoever reads the result
+            result.set_exception(error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return result

@@ -22,39 +22,15 @@ if TYPE_CHECKING:
     from crux_dask.dashboard.component import Component
 
 
-def in_thread(function: Callable[..., Any], *args: Any, name: str = "crux-dashboard"
-              ) -> Future:
-    """``function(*args)`` in a thread of its own, which ends with it.
-
-    Not a pool: a thread left waiting for work would outlive the scheduler's
-    dashboard (and be reported as leaked by distributed's tests).  Once it runs
-    the future cannot be cancelled (as an executor's): one awaited by a task
-    cancelled with its event loop still gets its result.
-    """
-    result: Future = Future()
-
-    def run() -> None:
-        if not result.set_running_or_notify_cancel():
-            return
-        try:
-            result.set_result(function(*args))
-        except BaseException as error:  # handed to whoever reads the result
-            result.set_exception(error)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return result
-
-
 class OffLoop(DashboardComponent):
     """Keeps ``components`` up to date without computing in the scheduler's process.
 
     Each :meth:`update` (periodic, on the event loop) shows what was
     computed, then, if the view changed since and nothing is being computed,
     has every stale component's :attr:`~.component.Component.computer` compute what it
-    shows: where the graph is built, for the graph being recorded
-    (:attr:`GraphView.analyse`: in the graph's own process, or in a thread on a
-    copy); else, for a graph that no longer changes, in a thread.  A thread of
-    the scheduler's process that
+    shows where the graph is (:attr:`GraphView.analyse`: for the graph being
+    recorded, in the graph's own process, or in a thread on a copy; for one that
+    no longer changes, in a thread).  A thread of the scheduler's process that
     computes for a second holds the event loop too: each time the loop lets
     go of the interpreter's lock (to wait on a socket, to read a file) it
     waits up to the lock's switch interval (5 ms) to get it back, and a page
@@ -95,11 +71,8 @@ class OffLoop(DashboardComponent):
         if not stale:
             return
         computers = [c.computer for c in stale]
-        if view.analyse is not None:
-            work = asyncio.ensure_future(view.analyse(
-                _compute_here, view.version, view.selection, computers))
-        else:
-            work = in_thread(_compute, view.version, view, computers)
+        work = asyncio.ensure_future(view.analyse(_compute_here, view.version, view.selection,
+                                                  computers))
         self._running = (stale, work)
 
     def busy(self) -> bool:
@@ -126,8 +99,8 @@ def _compute(version: tuple, seen: GraphView,
 
 def _compute_here(store: PAGStore, end: int, version: tuple, selection: PathSelection | None,
                   computers: list[Callable[[GraphView], Any]]) -> tuple[tuple, list]:
-    """:func:`_compute` on ``store``, where it is built (between two of its batches, or
-    on a copy)."""
+    """:func:`_compute` on ``store``, where it is (between two of its batches, or on a
+    copy)."""
     return _compute(version, GraphView(store, end, selection), computers)
 
 

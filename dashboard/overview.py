@@ -298,11 +298,7 @@ class PAGOverview(Component):
             self.details.data = {c: [] for c in DETAIL_COLUMNS}
             return
         group = self.source.data["group"][new[0]]
-        view = self.data()
-        if view.analyse is None:
-            self.details.data = kept(self.fold).states_of(view.store, group)
-            return
-        asking = asyncio.ensure_future(view.analyse(_states_of, self.fold, group))
+        asking = asyncio.ensure_future(self.data().analyse(_states_of, self.fold, group))
         document = self.details.document
 
         def answered(_: asyncio.Future) -> None:

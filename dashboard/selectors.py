@@ -14,7 +14,6 @@ from distributed.utils import log_errors
 
 from crux_dask.dashboard.callbacks import on_change
 from crux_dask.dashboard.data import GraphView, PathSelection, RunChoice, Runs, Source
-from crux_dask.dashboard.off_loop import in_thread
 from crux_dask.scopes import Scope
 from crux_dask.wcp import METHODS
 
@@ -86,11 +85,7 @@ class SelectionCheck(DashboardComponent):
 
     def propose(self, chosen: PathSelection, message: Div) -> None:
         """Check ``chosen``; ``message`` says what becomes of it."""
-        view = self.data()
-        if view.analyse is not None:  # where the graph is built
-            check: Any = asyncio.ensure_future(view.analyse(find_path, chosen))
-        else:
-            check = in_thread(lambda: view.with_selection(chosen).wcp())
+        check = asyncio.ensure_future(self.data().analyse(find_path, chosen))
         self._pending = (chosen, message, check)
         message.text = "finding that path&hellip;"
 

@@ -15,7 +15,7 @@ from distributed.dashboard.components import DashboardComponent
 from distributed.dashboard.components.scheduler import BOKEH_THEME
 
 from crux_dask.dashboard.callbacks import every, soon
-from crux_dask.dashboard.off_loop import in_thread
+from crux_dask.dashboard.data import in_thread
 from crux_dask.dashboard.pieces import hold_back, release
 
 STAGES_AT_THE_LATEST = 5000  # milliseconds: see show_in_stages

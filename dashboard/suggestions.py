@@ -15,9 +15,8 @@ from bokeh.models import ColumnDataSource, DataTable, Div
 from distributed.utils import log_errors
 
 from crux_dask.dashboard.component import Component
-from crux_dask.dashboard.data import GraphView, Source
+from crux_dask.dashboard.data import GraphView, Source, in_thread
 from crux_dask.dashboard.datatables import table_columns
-from crux_dask.dashboard.off_loop import in_thread
 from crux_dask.plugins.host import graph_pieces
 from crux_dask.store import PAGStore
 from crux_dask.wcp import critical_path
@@ -90,14 +89,10 @@ def _suggestions_apart(pieces: list[bytes], end: int) -> pd.DataFrame:
     return table
 
 
-def _replayed(view: GraphView) -> Future | asyncio.Future:
-    """:func:`_suggestions_apart` of ``view``: its graph cut where it is built (see
-    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.pieces`), or, without a process of its
-    own, in the thread that feeds the replay."""
-    if view.analyse is None:
-        store, upto, end = view.store, view.store.lengths(), view.end
-        return in_thread(lambda: _suggestions_apart(store.to_pieces(upto), end),
-                         name="crux-what-if")
+def _replayed(view: GraphView) -> asyncio.Future:
+    """:func:`_suggestions_apart` of ``view``: its graph cut where it is (see
+    :meth:`~crux_dask.plugins.CruxSchedulerPlugin.pieces`), and replayed from a thread
+    that feeds a process of its own."""
 
     async def replayed() -> pd.DataFrame:
         cut = await view.analyse(graph_pieces)
@@ -159,7 +154,7 @@ class SuggestionTable(Component):
             self._version = graph
             self._show(replay.result)
         view = self.data()
-        graph = (view.store.run_id, view.store.n_states, view.store.n_mutations, view.end)
+        graph = view.version[:4]  # the graph, not the path selected
         if graph == self._version:
             return
         if graph != self._seen:  # still changing: wait for a quiet moment

@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.journal import Clocks, Journal, latest, read
 
+#: Events the graph process applies between two looks at what the scheduler sent.
+PROCESS_SLICE = 2048
+
 if TYPE_CHECKING:
     from crux_dask.pag import PAG
 
-__all__ = ["Engine", "recover"]
+__all__ = ["Engine", "read_back", "recover", "resumed"]
 
 #: External mutations whose outcome is kept, by the number of the question that asked
 #: for them: asked again of a process that resumes, each is applied once.
@@ -131,6 +134,43 @@ class Engine:
             self.journal.add(step, payload, clocks)
 
 
+def resumed(journal: Journal, settings: dict[str, Any]) -> Engine:
+    """The engine as ``journal`` left it (every step done again), or a new one made with
+    ``settings`` (``max_states``, ``spool_dir``, ``run_id``, ``max_pending``,
+    ``park_timeout``); it journals nothing yet."""
+    loaded = journal.load()
+    if loaded is not None:
+        state, steps = loaded
+        engine = Engine.from_state(state)
+        engine.replay(steps)
+        return engine
+    from crux_dask.graph.builder import PAGBuilder
+    from crux_dask.plugins.spool import Spool
+
+    spool = Spool(settings["max_states"], settings["spool_dir"])
+    return Engine(Ingest(PAGBuilder(run_id=settings["run_id"]), spool,
+                         max_pending=settings["max_pending"],
+                         park_timeout=settings["park_timeout"], slice_events=PROCESS_SLICE,
+                         slice_seconds=None))
+
+
+def read_back(settings: dict[str, Any], messages: Iterable[tuple]) -> Engine:
+    """The engine of a graph process that is gone, from its journal, with ``messages``
+    (``("entries", seq, entries)`` it was sent and did not make durable) taken, every
+    entry applied, and waiting events resolved as a drain would."""
+    engine = resumed(Journal(settings["spool_dir"], settings["run_id"]), settings)
+    for message in messages:
+        engine.take(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    _finish(engine)
+    return engine
+
+
+def _finish(engine: Engine) -> None:
+    while engine.busy():  # entries taken, not applied yet
+        engine.slice()
+    engine.resolve(everything=True)  # as a drain would, before the graph is read
+
+
 def recover(path: str) -> PAG:
     """The graph a journal holds (``<spool dir>/journal/<run id>``, of a scheduler that
     is gone): its spooled segments and the one it was recording, with every entry
@@ -141,9 +181,7 @@ def recover(path: str) -> PAG:
     state, steps = read(Path(path), latest(Path(path)))
     engine = Engine.from_state(state)
     engine.replay(steps)
-    while engine.busy():  # entries durable, not applied yet
-        engine.slice()
-    engine.resolve(everything=True)  # as a drain would, before the graph is read
+    _finish(engine)
     builder, spool = engine.ingest.builder, engine.ingest.spool
     spool.wait()
     spooled = [read_dataset(spool.directory, run_id) for run_id in spool.run_ids]

@@ -4,8 +4,9 @@ Started by :class:`~crux_dask.plugins.graph_process.GraphProcess` as
 ``python -m crux_dask.plugins.graph_child INBOX OUTBOX``.  It resumes from
 the journal of its recording if there is one (a process before it died), and
 takes a snapshot to start its own generation; it then applies what the
-scheduler sends, tells it which entries are durable (journaled), sends back the
-rows the graph grew by and the segments it spooled, and answers questions.
+scheduler sends, tells it which entries are durable (journaled), how far the
+graph got (:class:`~crux_dask.plugins.host.Progress`) and which segments it
+spooled, and answers questions.
 """
 
 from __future__ import annotations
@@ -15,26 +16,20 @@ import gc
 import pickle
 import sys
 import time
-from array import array
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 from typing import Any
 
-from crux_dask.plugins.engine import Engine
+from crux_dask.plugins.engine import Engine, resumed
+from crux_dask.plugins.host import Progress
 from crux_dask.plugins.journal import Journal
 from crux_dask.plugins.staging import Pieces
 
 __all__ = ["main", "serve"]
 
-#: Seconds between two sends of the rows the process added while it applies, and
-#: the most states per send: the scheduler's event loop reads a send at once, and
-#: appends it in one piece when something reads the graph (2.5 ms for 2,048 states
-#: and their mutations in a busy scheduler here, the page faults of its columns'
-#: fresh chunks included).
-SHIP_INTERVAL = 0.05
-SHIP_STATES = 2048
-#: Events the process applies between two looks at what the scheduler sent.
-PROCESS_SLICE = 2048
+#: Seconds between two reports of how far the graph got while the process applies: a
+#: page asks again when it changed, at most as often as that.
+PROGRESS_INTERVAL = 0.05
 #: Answers in pieces the process keeps for the scheduler to fetch (:class:`KeptPieces`);
 #: the oldest beyond are let go.  The scheduler lets go of what it no longer reads (and
 #: keeps at most ``STAGED_MAX`` stagings, of two answers each): this bounds the rest.
@@ -83,25 +78,11 @@ def serve(inbox: Connection, outbox: Connection, settings: dict[str, Any]) -> No
 
 
 def _engine(journal: Journal, settings: dict[str, Any]) -> Engine:
-    """The engine as the journal left it (every step done again), or a new one; its
-    snapshot starts a generation of the journal."""
-    loaded = journal.load()
-    if loaded is None:
-        from crux_dask.graph.builder import PAGBuilder
-        from crux_dask.plugins.ingest import Ingest
-        from crux_dask.plugins.spool import Spool
-
-        spool = Spool(settings["max_states"], settings["spool_dir"])
-        ingest = Ingest(PAGBuilder(run_id=settings["run_id"]), spool,
-                        max_pending=settings["max_pending"],
-                        park_timeout=settings["park_timeout"], slice_events=PROCESS_SLICE,
-                        slice_seconds=None)
-        engine = Engine(ingest, journal)
-    else:
-        state, steps = loaded
-        engine = Engine.from_state(state)
-        engine.replay(steps)
-        engine.journal = journal
+    """The engine as the journal left it, or a new one (see
+    :func:`~crux_dask.plugins.engine.resumed`); its snapshot starts a generation of the
+    journal."""
+    engine = resumed(journal, settings)
+    engine.journal = journal
     journal.snapshot(engine.state())
     return engine
 
@@ -148,7 +129,7 @@ def _handle(message: tuple, raw: bytes, engine: Engine, shipper: _Shipper) -> No
 
 
 class _Shipper:
-    """Sends the rows the process's store grew by, announces spooled segments and what is
+    """Tells the scheduler how far the graph got, which segments were spooled and what is
     durable, answers questions, and keeps the answers in pieces until the scheduler lets
     them go."""
 
@@ -157,9 +138,8 @@ class _Shipper:
         self.engine = engine
         self.ingest = engine.ingest
         self.store = engine.ingest.builder.store
-        self.shipped = dict.fromkeys(self.store.lengths(), 0)
         self.last = 0.0
-        self.summary: dict[str, Any] = {}
+        self.summary: tuple = ()
         #: Answers in pieces, by number, until the scheduler lets them go.
         self.kept: OrderedDict[int, Pieces] = OrderedDict()
 
@@ -177,53 +157,26 @@ class _Shipper:
         self.connection.send(("durable", self.engine.last_seq))
 
     def ship(self, due: bool = False) -> None:
-        """Send what is new: now, or if ``due``, once :data:`SHIP_INTERVAL` passed or
-        :data:`SHIP_STATES` states were made since the last send."""
+        """Say what changed: now, or if ``due``, once :data:`PROGRESS_INTERVAL` passed
+        since the last time."""
         now = time.monotonic()
-        ingest = self.ingest
-        if due and now - self.last < SHIP_INTERVAL and (
-                ingest.builder.store.n_states - self.shipped["state_time"] < SHIP_STATES):
+        if due and now - self.last < PROGRESS_INTERVAL:
             return
         self.last = now
+        ingest = self.ingest
         self.engine.journal.flush()
-        if ingest.builder.store is not self.store:  # spooled: the rest, then the next
-            self._send_rows(spooled=True)
+        if ingest.builder.store is not self.store:  # spooled: the journal starts again
             self.store = ingest.builder.store
-            self.shipped = dict.fromkeys(self.store.lengths(), 0)
-            self.engine.journal.snapshot(self.engine.state())  # the journal starts again
-        self._send_rows(spooled=False)
-
-    def _send_rows(self, spooled: bool) -> None:
-        store, shipped = self.store, self.shipped
-        lengths = store.lengths()
-        rows: dict[str, Any] = {}
-        for name, length in lengths.items():
-            start = shipped[name]
-            if length > start:
-                value = getattr(store, name)
-                if isinstance(value, array):
-                    rows[name] = value[start:length].tobytes()
-                else:
-                    rows[name] = (value.values[start:length],
-                                  len(value.codes) == len(value.values))
-        self.shipped = lengths
-        ingest, builder = self.ingest, self.ingest.builder
-        summary = {
-            "end": ingest.spool.last_end if spooled else builder.end,
-            "n_applied": builder.n_applied, "n_parked": builder.n_parked,
-            "n_parked_total": builder.n_parked_total, "n_fallbacks": builder.n_fallbacks,
-            "n_lost": builder.n_lost, "n_states": store.n_states,
-            "n_mutations": store.n_mutations, "counts": dict(ingest.counts),
-            "pending": ingest.pending, "last_error": ingest.last_error,
-        }
-        if rows or summary != self.summary:  # nothing new: nothing sent
-            self.summary = summary
-            rows = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL) if rows else b""
-            self.connection.send(("rows", store.run_id, rows, {
-                **summary, "apply_seconds": ingest.seconds["apply"],
-                "cpu_seconds": time.process_time()}))
-        if spooled:
+            self.engine.journal.snapshot(self.engine.state())
             self.connection.send(("spooled", *ingest.spool.wait_last()))
+        progress = Progress.of(ingest.builder)
+        summary = (progress, dict(ingest.counts), ingest.pending, ingest.last_error)
+        if summary != self.summary:  # nothing new: nothing sent
+            self.summary = summary
+            self.connection.send(("progress", progress, {
+                "counts": summary[1], "pending": ingest.pending,
+                "last_error": ingest.last_error, "apply_seconds": ingest.seconds["apply"],
+                "cpu_seconds": time.process_time()}))
 
     def answer(self, number: int, value: Any, error: Exception | None = None) -> None:
         """Send the answer to question ``number``; one in :class:`Pieces` is kept, and

@@ -14,9 +14,13 @@ The scheduler keeps what it sent until the process says it is durable (in
 its journal, :mod:`crux_dask.plugins.journal`).  If the process dies, a new
 one resumes from the journal, the scheduler sends again what was not durable
 and asks again what was not answered: nothing recorded is lost.  A process
-that died :data:`RESTARTS` times is not started again; what it sent stays
-readable (:class:`~crux_dask.plugins.mirror.GraphMirror`), and events recorded
+that died :data:`RESTARTS` times is not started again: the scheduler reads its
+journal back, and answers on that graph (in a thread); events recorded
 afterwards are counted as dropped.
+
+The scheduler keeps no copy of the graph: the process tells it how far the
+graph got (:class:`~crux_dask.plugins.host.Progress`), and everything else is
+asked.
 """
 
 from __future__ import annotations
@@ -34,15 +38,16 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.codec import read_head
+from crux_dask.plugins.frames import Frames
 from crux_dask.plugins.graph_pipe import READ_BYTES, GraphProcessGone, Pipes, ended
 from crux_dask.plugins.host import (
+    Progress,
     ask_in_thread,
     graph_pieces,
     pieces_in_thread,
     spooled_graph_pieces,
     spooled_in_thread,
 )
-from crux_dask.plugins.mirror import Frames, GraphMirror
 from crux_dask.plugins.recorder import GRAPH, REPORTS, Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
 
@@ -89,15 +94,11 @@ class GraphProcess(Pipes, Recorder):
         What the hooks recorded and batches received since the last send.
     pending : int
         Events in :attr:`queue`.
-    builder : GraphMirror
-        The graph the process sent back.
     counts, seconds : dict
         As :class:`~crux_dask.plugins.ingest.Ingest`'s, the scheduler's and the
-        process's together; ``seconds["longest_slice"]`` is the longest stretch
-        the scheduler's event loop spent appending what the process sent (see
-        :class:`GraphMirror`).  The scheduler's CPU seconds in the writer
-        thread, pickling what is sent (``send``), and on the event loop reading
-        what the process sends back and appending it (``read``) are counted too.
+        process's together.  The scheduler's CPU seconds in the writer thread,
+        pickling what is sent (``send``), and on the event loop reading what the
+        process sends back (``read``) are counted too.
     restarts : int
         How often the process died and a new one resumed its journal.
     """
@@ -109,7 +110,8 @@ class GraphProcess(Pipes, Recorder):
                          (*_SCHEDULER_COUNTS, *_PROCESS_COUNTS))
         self.sent = 0
         self.seconds.update(send=0.0, read=0.0)
-        self.builder = GraphMirror(self.settings["run_id"], self.seconds)
+        self._progress = Progress(self.settings["run_id"])
+        self._recovered: asyncio.Future | None = None  # the journal read back, once gone
         self.remote: dict[str, Any] = {"pending": 0, "cpu_seconds": 0.0, "pid": None}
         self.alive = True
         self._requests = itertools.count()
@@ -127,7 +129,7 @@ class GraphProcess(Pipes, Recorder):
         self._generation = 0  # of the process, and of the writer thread that feeds it
         self._inbox: Connection | None = None  # what the process sends, read on the loop
         # What the loop reads the pipe into: a read, and a message of the process not
-        # complete yet (at most a piece, or SHIP_STATES states' rows).
+        # complete yet (at most a piece).
         self._frames = Frames(2 * READ_BYTES)
         self._paused = False  # not reading the pipe: messages read already wait
         self._started = False  # the writer, which starts the process
@@ -147,7 +149,6 @@ class GraphProcess(Pipes, Recorder):
         the process to finish what it was doing (it is killed after that); one still
         starting is told to stop, and not waited for."""
         self._closing = True
-        self.builder.stop()
         if not self._started:
             self.alive = False  # never to start
             return
@@ -245,7 +246,7 @@ class GraphProcess(Pipes, Recorder):
 
     async def external(self, kind: str, **fields: Any) -> int:
         """Apply one mutation reported from outside Dask; the new state's id, once
-        the state is in :attr:`builder`.
+        it is applied.
 
         Raises
         ------
@@ -257,7 +258,7 @@ class GraphProcess(Pipes, Recorder):
 
     async def ask(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(store, end, *args)`` on the graph applied so far, in the process
-        (in a thread, on what it sent, once it is gone).
+        (in a thread, on its journal read back, once it is gone for good).
 
         ``function`` and ``args`` travel pickled (a function by name); what it
         returns comes back, and what it raises is raised here.  An answer in
@@ -268,8 +269,7 @@ class GraphProcess(Pipes, Recorder):
         if self.alive:
             with contextlib.suppress(GraphProcessGone):
                 return await self._ask("analyse", function, args)
-        await self.builder.caught_up()
-        return await ask_in_thread(self.builder, function, args)
+        return await ask_in_thread(await self._read_back(), function, args)
 
     async def pieces(self) -> Pieces | KeptPieces:
         """The graph cut into pieces, in the process (kept there, see
@@ -277,8 +277,7 @@ class GraphProcess(Pipes, Recorder):
         if self.alive:
             with contextlib.suppress(GraphProcessGone):
                 return await self._ask("analyse", graph_pieces, ())
-        await self.builder.caught_up()
-        return await pieces_in_thread(self.builder)
+        return await pieces_in_thread(await self._read_back())
 
     async def spooled_pieces(self) -> Pieces | KeptPieces:
         """The spooled segments cut into pieces, read back in the process while it lives."""
@@ -289,13 +288,25 @@ class GraphProcess(Pipes, Recorder):
                                        (self.spool.directory, run_ids))
         return await spooled_in_thread(self.spool)
 
-    async def caught_up(self) -> None:
-        """Append every row the process sent to :attr:`builder` (see :class:`GraphMirror`)."""
-        await self.builder.caught_up()
+    def _read_back(self) -> asyncio.Future:
+        """The builder of the process that is gone for good, read back from its journal
+        in a thread, once (:func:`~crux_dask.plugins.engine.read_back`), with what it
+        was sent and did not make durable."""
+        if self._recovered is None:
+            from crux_dask.plugins.engine import read_back
 
-    def behind(self) -> bool:
-        """Whether rows the process sent are being appended a turn at a time."""
-        return self.builder.behind()
+            messages = [message for _, message in self._unacked]
+            self._recovered = asyncio.ensure_future(asyncio.get_running_loop().run_in_executor(
+                None, lambda: read_back(self.settings, messages).ingest.builder))
+        return self._recovered
+
+    def progress(self) -> Progress:
+        """How far the graph got, as the process last said, or as read back once it is
+        gone for good."""
+        if self._recovered is not None and self._recovered.done() and (
+                not self._recovered.exception()):
+            return Progress.of(self._recovered.result())
+        return self._progress
 
     @property
     def apart(self) -> bool:
@@ -303,12 +314,8 @@ class GraphProcess(Pipes, Recorder):
         return self.alive
 
     def sizes(self) -> dict[str, Any]:
-        """The graph's size as the process last sent it (reading the store would append to
-        it), what is pending here and there, and the process's own figures."""
-        builder = self.builder
-        return {"states": builder.n_states, "mutations": builder.n_mutations,
-                "memory_bytes": builder.nbytes(),
-                "events_pending": self.pending + self.remote["pending"],
+        """What is pending here and there, and the process's own figures."""
+        return {"events_pending": self.pending + self.remote["pending"],
                 "graph_process": {"pid": self.remote["pid"], "alive": self.alive,
                                   "restarts": self.restarts,
                                   "cpu_seconds": self.remote["cpu_seconds"],
@@ -318,9 +325,9 @@ class GraphProcess(Pipes, Recorder):
 
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "rows":
-            _, run_id, rows, summary = message
-            self.builder.extend(run_id, rows, summary)
+        if kind == "progress":
+            _, progress, summary = message
+            self._progress = progress
             for name in _PROCESS_COUNTS:
                 self.counts[name] = summary["counts"][name]
             self.seconds["apply"] = summary["apply_seconds"]
@@ -364,9 +371,8 @@ class GraphProcess(Pipes, Recorder):
             self.alive = False
             self.last_error = f"graph process lost: {why}"
             logger.error("Crux's graph process is gone (%s): the graph recorded so far "
-                         "stays readable, and later events are counted as dropped", why)
-            # What it sent is read from now on: appended a few milliseconds at a time.
-            self.builder.catch_up_soon()
+                         "is read back from its journal, and later events are counted as "
+                         "dropped", why)
         self._fail_answers(f"Crux's graph process is gone ({why})")
 
     def _restart(self, why: str) -> None:
@@ -381,7 +387,6 @@ class GraphProcess(Pipes, Recorder):
             threading.Thread(target=ended, args=(self._process, 5.0),
                              name="crux-graph-reaper", daemon=True).start()
         self._stopped = asyncio.Event()
-        self.builder = GraphMirror(self.settings["run_id"], self.seconds)
         self._frames, self._paused, self._heard = Frames(2 * READ_BYTES), False, False
         gone = [number for number, message in self._asked.items() if message[0] == "piece"]
         for number in gone:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crux_dask.plugins.ingest import Ingest
@@ -21,11 +22,39 @@ from crux_dask.plugins.staging import KeptPieces, Pieces
 
 if TYPE_CHECKING:
     from crux_dask.graph.builder import PAGBuilder
-    from crux_dask.plugins.mirror import GraphMirror
     from crux_dask.plugins.spool import Spool
     from crux_dask.store import PAGStore
 
-__all__ = ["GraphHost", "LocalHost", "graph_pieces", "split_pieces", "spooled_graph_pieces"]
+__all__ = ["GraphHost", "LocalHost", "Progress", "graph_pieces", "split_pieces",
+           "spooled_graph_pieces"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far the graph being recorded got: its size and the builder's counts.
+
+    What a reader on the scheduler knows of the graph without asking: a page
+    asks again only when it changed.
+    """
+
+    run_id: str
+    n_states: int = 0
+    n_mutations: int = 0
+    end: int = -1
+    n_applied: int = 0
+    n_parked: int = 0
+    n_parked_total: int = 0
+    n_fallbacks: int = 0
+    n_lost: int = 0
+    nbytes: int = 0
+
+    @classmethod
+    def of(cls, builder: PAGBuilder) -> Progress:
+        """The progress of ``builder``'s graph."""
+        store = builder.store
+        return cls(store.run_id, store.n_states, store.n_mutations, builder.end,
+                   builder.n_applied, builder.n_parked, builder.n_parked_total,
+                   builder.n_fallbacks, builder.n_lost, store.nbytes())
 
 
 class GraphHost(Protocol):
@@ -34,14 +63,14 @@ class GraphHost(Protocol):
 
     Attributes
     ----------
-    builder
-        The graph as the scheduler sees it, read after :meth:`caught_up`.
     apart : bool
         Whether answers are computed in a process of the graph's own.
     """
 
-    builder: PAGBuilder | GraphMirror
     apart: bool
+
+    def progress(self) -> Progress:
+        """How far the graph got, as last known here (nothing is asked)."""
 
     async def ask(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(store, end, *args)`` on the graph applied so far, off the event loop.
@@ -60,12 +89,6 @@ class GraphHost(Protocol):
 
     async def drain(self) -> None:
         """Wait until every entry recorded before the call is applied."""
-
-    async def caught_up(self) -> None:
-        """Make :attr:`builder` hold every state received so far."""
-
-    def behind(self) -> bool:
-        """Whether :attr:`builder` is being caught up, a few milliseconds at a time."""
 
     def sizes(self) -> dict[str, Any]:
         """The graph's size and what is pending, for the plugin's stats."""
@@ -92,23 +115,17 @@ class LocalHost(Ingest):
     async def external(self, kind: str, **fields: Any) -> int:
         return self.add_external(kind, **fields)
 
-    async def caught_up(self) -> None:
-        return None
-
-    def behind(self) -> bool:
-        return False
+    def progress(self) -> Progress:
+        return Progress.of(self.builder)
 
     def sizes(self) -> dict[str, Any]:
-        store = self.builder.store
-        return {"states": store.n_states, "mutations": store.n_mutations,
-                "memory_bytes": store.nbytes(), "events_pending": self.pending,
-                "graph_process": None}
+        return {"events_pending": self.pending, "graph_process": None}
 
     async def close(self) -> None:
         return None
 
 
-async def snapshot(builder: PAGBuilder | GraphMirror) -> tuple[PAGStore, int]:
+async def snapshot(builder: PAGBuilder) -> tuple[PAGStore, int]:
     """A copy of ``builder``'s graph and its end state: the lengths it copies up to are
     read now, the copy is made in a thread, a column at a time."""
     store = builder.store
@@ -117,7 +134,7 @@ async def snapshot(builder: PAGBuilder | GraphMirror) -> tuple[PAGStore, int]:
     return copy, end
 
 
-async def ask_in_thread(builder: PAGBuilder | GraphMirror, function: Callable[..., Any],
+async def ask_in_thread(builder: PAGBuilder, function: Callable[..., Any],
                         args: tuple) -> Any:
     """``function(store, end, *args)`` in a thread, on a :func:`snapshot` of ``builder``."""
     store, end = await snapshot(builder)
@@ -125,7 +142,7 @@ async def ask_in_thread(builder: PAGBuilder | GraphMirror, function: Callable[..
         None, lambda: function(store, end, *args))
 
 
-async def pieces_in_thread(builder: PAGBuilder | GraphMirror) -> Pieces:
+async def pieces_in_thread(builder: PAGBuilder) -> Pieces:
     """``builder``'s graph cut into pieces in a thread, while events go on being applied.
 
     A thread of the scheduler's process that cuts a million states holds its

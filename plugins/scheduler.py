@@ -27,7 +27,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.graph_process import GraphProcess
-from crux_dask.plugins.host import GraphHost, LocalHost
+from crux_dask.plugins.host import GraphHost, LocalHost, Progress
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES_HANDLER,
@@ -92,8 +92,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     Notes
     -----
-    The dashboard uses only :attr:`builder` (to read it, once :meth:`caught_up`,
-    or unless :meth:`behind`), :meth:`analyse`, :meth:`stats`,
+    The dashboard uses only :meth:`progress`, :meth:`analyse`, :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
     :meth:`read_spooled`, :meth:`scopes`, :attr:`http_token` and
     :attr:`http_max_body`.
@@ -250,15 +249,10 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 kwargs.get("metadata"))
 
     # -- what the client API and the dashboard use --------------------------------
-    @property
-    def builder(self) -> PAGBuilder:
-        """The builder of the segment being recorded, with every event applied so far.
-
-        Read it; events reach it only through :attr:`host`.  On the event
-        loop, await ``host.caught_up()`` first: reading the store of a graph built
-        in its own process appends at once what it sent and was not read yet.
-        """
-        return self.host.builder
+    def progress(self) -> Progress:
+        """How far the graph being recorded got (its size, end state and the builder's
+        counts), as known on the scheduler: nothing is asked."""
+        return self.host.progress()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -272,8 +266,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
         Applied at once, on the graph applied so far, as
         :meth:`crux_dask.graph.PAGBuilder.external` does (``ValueError`` for
-        an unknown source state or kind); the state is in :attr:`builder`
-        when this returns.
+        an unknown source state or kind); the state is applied when this returns.
         """
         return await self.host.external(kind, **fields)
 
@@ -376,29 +369,28 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def stats(self) -> dict[str, Any]:
         """Counts of what was received, applied and rejected, and the graph's size."""
-        builder = self.builder
         ingest = self.host
-        sizes = ingest.sizes()
+        progress, sizes = ingest.progress(), ingest.sizes()
         return {
             **self.counts,
             "seconds_receiving": ingest.seconds["receive"],
             "seconds_applying": ingest.seconds["apply"],
             "longest_slice_seconds": ingest.seconds["longest_slice"],
             "events_pending": sizes["events_pending"],
-            "events_parked": builder.n_parked,
-            "events_parked_total": builder.n_parked_total,
-            "inputs_substituted": builder.n_fallbacks,
-            "states_lost": builder.n_lost + self.spool.n_lost,
-            "states": sizes["states"],
+            "events_parked": progress.n_parked,
+            "events_parked_total": progress.n_parked_total,
+            "inputs_substituted": progress.n_fallbacks,
+            "states_lost": progress.n_lost + self.spool.n_lost,
+            "states": progress.n_states,
             "states_spooled": self.spool.n_states,
             "segments_spooled": len(self.spool.run_ids),
             "spool_dir": self.spool.directory,
-            "mutations": sizes["mutations"],
-            "memory_bytes": sizes["memory_bytes"],
+            "mutations": progress.n_mutations,
+            "memory_bytes": progress.nbytes,
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions_dropped(),
-            "run_id": builder.run_id,
+            "run_id": progress.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,
             "last_error": ingest.last_error,

@@ -26,8 +26,7 @@ from distributed.utils_test import poll_for
 import crux_dask
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.pag import PAG
-from crux_dask.plugins.engine import Engine, recover
-from crux_dask.plugins.graph_child import PROCESS_SLICE
+from crux_dask.plugins.engine import PROCESS_SLICE, Engine, recover
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.journal import journals
 from crux_dask.plugins.spool import Spool
@@ -90,7 +89,7 @@ def test_a_graph_process_killed_mid_run_is_resumed_and_loses_nothing(tmp_path):
         host._send = lambda entries: (sent.append(("entries", len(sent), list(entries))),
                                       send(entries))[1]
         futures = client.compute(layered(8, 40))
-        poll_for(lambda: host.remote["pid"] is not None and host.builder.n_states > 40,
+        poll_for(lambda: host.remote["pid"] is not None and host.progress().n_states > 40,
                  timeout=30)
         assert not all(future.done() for future in futures)  # mid-run
         pid = host.remote["pid"]

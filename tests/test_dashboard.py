@@ -28,7 +28,7 @@ from crux_dask import PAGBuilder
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import live_source, static_source
 from crux_dask.dashboard.off_loop import OffLoop
-from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview
+from crux_dask.dashboard.overview import CATEGORY_COLORS, OFF_PATH, PAGOverview, _states_of
 from crux_dask.dashboard.pieces import hold_back, release, set_in_pieces, text
 from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.dashboard.report import report_html
@@ -143,10 +143,13 @@ async def test_components_show_the_critical_path(c, s, a, b):
     await result
     path = await crux_dask.get_wcp(c)
     data = live_source(s.plugins["crux"])
-    timeline, breakdown, steps, overview = (WCPTimeline(data), Breakdown(data),
-                                            StepsTable(data), PAGOverview(data))
-    for component in (timeline, breakdown, steps, overview):
-        component.update()
+    timeline, breakdown, steps, overview = components = (
+        WCPTimeline(data), Breakdown(data), StepsTable(data), PAGOverview(data))
+    driver = OffLoop(data, list(components))  # computed where the graph is
+    driver.update()
+    await async_poll_for(lambda: not driver.busy(), 10)
+    driver.update()
+    for component in components:
         columns = component.source.data
         assert len({len(v) for v in columns.values()}) == 1, type(component).__name__
     assert list(timeline.source.data["key"]) == path.steps["key"].tolist()
@@ -162,13 +165,20 @@ async def test_components_show_the_critical_path(c, s, a, b):
     assert nodes["color"][left] == CATEGORY_COLORS[nodes["dominant"][left]]
     # Drill down: a group's individual states.
     group = overview.source.data["group"][overview.source.data["label"].index("left")]
-    states = overview.fold.states_of(s.plugins["crux"].builder.store, group)
+    states = await s.plugins["crux"].analyse(_states_of, overview.fold, group)
     assert set(states["key"]) == {"left"}  # computed, then released (its tombstone)
 
     before = timeline.source.data
-    timeline.update()  # nothing changed: no new column dict is sent
-    assert timeline.source.data is before
+    driver.update()  # nothing changed: nothing computed, no new column dict is sent
+    assert not driver.busy() and timeline.source.data is before
     del result
+
+
+async def settled(driver: OffLoop) -> None:
+    """Let ``driver`` compute where the graph is, and show what it computed."""
+    driver.update()
+    await async_poll_for(lambda: not driver.busy(), 10)
+    driver.update()
 
 
 def _steps_and_where(view):
@@ -217,8 +227,10 @@ def test_live_pages_compute_off_the_event_loop(apart):
         if apart:
             assert pid == plugin.host.remote["pid"] != os.getpid()
         else:
-            assert pid == os.getpid() and seen != id(plugin.builder.store)
-        at_once_steps, at_once_overview = StepsTable(data), PAGOverview(data)
+            assert pid == os.getpid() and seen != id(plugin.host.builder.store)
+        # The same as components rendered at once, on the graph the client gets.
+        fetched = static_source(await crux_dask.get_pag(c))
+        at_once_steps, at_once_overview = StepsTable(fetched), PAGOverview(fetched)
         at_once_steps.update()
         at_once_overview.update()
         for column, values in at_once_steps.source.data.items():
@@ -272,13 +284,14 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
         assert s.plugins["crux"].host.apart is apart
         result = c.compute(diamond())  # held: nothing is released while the test runs
         await result
-        expected = (await crux_dask.get_pag(c)).suggest()  # every event applied
+        recorded = await crux_dask.get_pag(c)  # every event applied
+        expected, expected_states = recorded.suggest(), recorded.states
         table = SuggestionTable(live_source(s.plugins["crux"]))
         table.update()  # first sight of the graph: it may still be changing
         assert table._running is None and table.source.data["change"] == []
         table.update()  # unchanged since: replay it
         graph, replay = table._running
-        assert graph[1] == s.plugins["crux"].builder.store.n_states
+        assert graph[1] == s.plugins["crux"].progress().n_states == len(expected_states)
         await async_poll_for(replay.done, 30)
         table.update()
         assert table.source.data["change"] == expected["change"].tolist()
@@ -289,7 +302,7 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
         # for any new state could find one of the first computation's, arrived late).
         await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
         await crux_dask.flush(c)
-        assert "later" in s.plugins["crux"].builder.store.keys.values.tolist()
+        assert "later" in set((await crux_dask.get_pag(c)).states["key"])
         before = table.source.data
         table.update()  # the graph changed: not replayed until it is quiet again
         assert table._running is None and table.source.data is before
@@ -311,12 +324,14 @@ async def test_path_selection_between_two_states(c, s, a, b):
     selection = PathSelection()
     data = selected_source(live_source(s.plugins["crux"]), selection)
     steps = StepsTable(data)
-    check = SelectionCheck(data, selection, [steps])
+    driver = OffLoop(data, [steps])
+    check = SelectionCheck(data, selection, [driver])
     start, end, method, message = path_controls(check).children
 
     async def checked() -> None:  # found off the event loop, then applied
         await async_poll_for(lambda: not check.busy(), 10)
         check.update()
+        await settled(driver)
 
     start.value = str(ids["top"])
     await checked()
@@ -358,14 +373,16 @@ async def test_scope_selector_shows_the_path_of_one_computation(c, s, a, b):
     selection = PathSelection()
     data = selected_source(live_source(s.plugins["crux"]), selection)
     steps = StepsTable(data)
-    steps.update()
-    check = SelectionCheck(data, selection, [steps])
+    driver = OffLoop(data, [steps])
+    await settled(driver)
+    check = SelectionCheck(data, selection, [driver])
     selector = ScopeSelector(s.plugins["crux"], check)
     selector.update()  # the page's first update lists them, on the event loop
 
     async def checked() -> None:  # found off the event loop, then applied
         await async_poll_for(lambda: not check.busy(), 10)
         check.update()
+        await settled(driver)
 
     labels = dict(selector.select.options)
     assert {"span: first", "span: second"} <= set(labels.values())
@@ -899,10 +916,11 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     choice = RunChoice()
     data = selected_source(chosen_source(live_source(plugin), runs, choice), PathSelection())
     steps = StepsTable(data)
-    selector = RunSelector(runs, choice, [steps])
+    driver = OffLoop(data, [steps])
+    selector = RunSelector(runs, choice, [driver])
     values = [value for value, _ in selector.select.options]
     assert values[0] == "" and sorted(values[1:]) == sorted(spooled)
-    steps.update()
+    await settled(driver)
     live_keys = list(steps.source.data["key"])
 
     selector.select.value = spooled[0]  # the first segment: read back in the spool's thread
@@ -916,7 +934,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
 
     await async_poll_for(read_back, timeout=10)
     selector.update()
-    steps.update()
+    await settled(driver)
     assert selector.message.text == ""
     keys = [key for key in steps.source.data["key"] if key.startswith("step-")]
     numbers = [int(key.split("-")[1]) for key in keys]
@@ -927,7 +945,7 @@ async def test_run_selector_shows_a_spooled_run(c, s, a, b):
     selector.select.value = "no-such-run"
     selector.update()
     assert "cannot show this run" in selector.message.text
-    steps.update()
+    await settled(driver)
     assert list(steps.source.data["key"]) == live_keys  # the live run stays on screen
     code, _ = await fetch(s, "/crux")
     assert code == 200

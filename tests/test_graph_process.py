@@ -1,5 +1,5 @@
-"""The graph is built in a process of its own: the same graph, and the scheduler
-keeps what it was sent when that process dies."""
+"""The graph is built in a process of its own: the same graph, the scheduler keeps no
+copy of it, and reads its journal back when that process dies for good."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import threading
-from array import array
 
 import dask
 import numpy as np
@@ -25,13 +24,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
 from crux_dask.codec import encode_batch
-from crux_dask.plugins.graph_child import SHIP_STATES
+from crux_dask.plugins.frames import Frames
 from crux_dask.plugins.graph_process import MESSAGE_BYTES, RESTARTS, GraphProcess
-from crux_dask.plugins.mirror import APPEND_AT_ONCE, Frames, GraphMirror
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import PIECES_AHEAD, KeptPieces, Pieces, Staging
 from crux_dask.plugins.worker import flush_worker
 from crux_dask.store import PAGStore
+from crux_dask.wcp import critical_path
 
 from workloads import chain
 
@@ -47,6 +46,19 @@ def workflow(client: Client) -> None:
     total = dask.delayed(sum)([dask.delayed(inc)(i, dask_key_name=f"leaf-{i}")
                                for i in range(10)] + [chain], dask_key_name="total")
     assert client.compute(total).result() == 15 + 55
+
+
+def keys_and_sizes(store: PAGStore, end: int) -> tuple[list, int, int, int]:
+    """Asked of the host, answered whole (not in pieces): the key of each state, how
+    many mutations and pieces, and the end state."""
+    return store.states_frame()["key"].tolist(), store.n_mutations, len(store.to_pieces()), end
+
+
+def path_keys(store: PAGStore, end: int) -> list[str]:
+    """Asked of the host: the keys of the observed path's steps."""
+    from crux_dask.wcp import critical_path
+
+    return critical_path(store, default_end=end).steps["key"].tolist()
 
 
 def held(dask_worker) -> int:
@@ -104,9 +116,10 @@ def test_the_graph_process_builds_the_graph_the_scheduler_would():
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD, config={"crux-dask.http.token": TOKEN})
-async def test_when_the_graph_process_dies_for_good_what_it_sent_stays(c, s, a, b):
-    """A process that died as often as it may be started again is not: what it sent stays
-    readable on the scheduler."""
+async def test_when_the_graph_process_dies_for_good_its_journal_is_read_back(c, s, a, b):
+    """A process that died as often as it may be started again is not: the scheduler
+    reads back its journal, with what it was sent and had not made durable, and answers
+    on that graph."""
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
     assert isinstance(crux.host, GraphProcess)
@@ -118,15 +131,15 @@ async def test_when_the_graph_process_dies_for_good_what_it_sent_stays(c, s, a, 
     crux.host.restarts = RESTARTS  # as if it had died as often already
     os.kill(crux.host.remote["pid"], signal.SIGKILL)
     await async_poll_for(lambda: not crux.host.alive, timeout=10)
-    # What it sent is appended on the scheduler from now on, unasked.
-    await async_poll_for(lambda: crux.builder._store.n_states >= sent > 0, timeout=10)
 
     # The cluster goes on; later events are counted as dropped, never applied.
     assert await c.submit(inc, 2, key="after") == 3
     await c.run(flush_worker)
     after = await asyncio.wait_for(crux_dask.get_pag(c), 10)
     assert "before" in set(after.states["key"]) and "after" not in set(after.states["key"])
-    path = await crux_dask.get_wcp(c)  # computed here instead, on what it sent
+    assert after.states.equals(before.states)
+    assert crux.progress().n_states == len(after.states) >= sent > 0
+    path = await crux_dask.get_wcp(c)  # computed here instead, on the graph read back
     assert "before" in set(path.to_frame()["key"])
     stats = await crux_dask.get_stats(c)
     assert stats["events_dropped"] > 0 and not stats["graph_process"]["alive"]
@@ -146,93 +159,34 @@ async def test_when_the_graph_process_dies_for_good_what_it_sent_stays(c, s, a, 
 
 
 @gen_cluster(client=True, scheduler_kwargs=DASHBOARD)
-async def test_the_scheduler_appends_the_graph_sent_back_only_when_it_is_read(c, s, a, b):
-    """The rows the process sends back stay as they came until something on the scheduler
-    reads the graph; its counts come from the process meanwhile, and a read of the JSON
-    API appends them all first."""
+async def test_the_scheduler_keeps_no_copy_of_the_graph_and_the_api_asks_for_it(c, s, a, b):
+    """The scheduler knows of the graph only how far it got, as the process says; the
+    JSON API's listings are answered by the process."""
     await crux_dask.attach(c)
     crux = s.plugins["crux"]
     futures = c.map(inc, range(40), key=[f"t-{i}" for i in range(40)])  # kept: no releases
     await c.gather(futures)
     await c.run(flush_worker)
     await crux.host.drain()
-    mirror = crux.builder
     stats = crux.stats()
     assert stats["states"] >= 40 and stats["mutations"] >= 40
-    assert mirror._store.n_states == 0  # nobody read it: nothing appended
-    unread = stats["memory_bytes"] - mirror._store.nbytes()
-    assert unread == sum(map(len, mirror._unread)) > 0  # the rows kept count
+    held = [value for value in vars(crux.host).values() if isinstance(value, PAGStore)]
+    assert held == [] and not hasattr(crux.host, "builder")
 
     http = AsyncHTTPClient()
-    response = await http.fetch(
-        f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/states?limit=10000")
-    body = json.loads(response.body)
-    assert body["total"] == stats["states"] == mirror._store.n_states
+    api = f"http://127.0.0.1:{s.http_server.port}/crux/api/v1"
+    body = json.loads((await http.fetch(f"{api}/states?limit=10000")).body)
+    assert body["total"] == stats["states"] == len(body["states"])
     assert {f"t-{i}" for i in range(40)} <= {state["key"] for state in body["states"]}
-    assert mirror.store.n_mutations == stats["mutations"]
-    assert crux.stats()["memory_bytes"] == mirror._store.nbytes()  # nothing left unread
+    body = json.loads((await http.fetch(f"{api}/mutations?limit=1&kind=append")).body)
+    assert body["total"] >= 40 and body["mutations"][0]["kind"] == "APPEND"
+    last = stats["states"] - 1
+    state = json.loads((await http.fetch(f"{api}/states/{last}")).body)
+    assert state["state_id"] == last
+    with pytest.raises(HTTPClientError) as missing:
+        await http.fetch(f"{api}/states/{stats['states']}")
+    assert missing.value.code == 404
     del futures
-
-
-def test_readers_of_the_scheduler_copy_catch_up_together_a_turn_at_a_time():
-    """Readers that wait for the copy to catch up share one series of turns, each at
-    most about APPEND_TURN long, and get every row sent before they asked; rows sent
-    meanwhile are appended too, and the copy reads as what was sent."""
-    seconds = {"read": 0.0, "longest_slice": 0.0}
-    mirror = GraphMirror("run", seconds)
-    names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
-    typecode = {name: getattr(PAGStore("run"), name).typecode for name in names}
-
-    def send(message: int) -> None:
-        rows = {name: (np.arange(SHIP_STATES) + message * SHIP_STATES).astype(typecode[name])
-                .tobytes() for name in names}
-        rows["keys"] = ([f"k-{message}-{i}" for i in range(SHIP_STATES)], True)
-        n = (message + 1) * SHIP_STATES
-        mirror.extend("run", pickle.dumps(rows), {
-            "end": n - 1, "n_states": n, "n_mutations": n, "n_applied": n, "n_parked": 0,
-            "n_parked_total": 0, "n_fallbacks": 0, "n_lost": 0})
-
-    async def main() -> list[int]:
-        send(0)
-        assert not mirror.behind()  # a few milliseconds' worth: appended as it is read
-        for message in range(1, 40):
-            send(message)
-        assert mirror._unread_bytes > APPEND_AT_ONCE
-        assert mirror.behind()  # and appending starts
-        assert mirror._catching_up is not None and mirror._store.n_states == 0
-        loop = asyncio.get_running_loop()
-        turns, series = [], set()
-        appending, done = asyncio.Event(), loop.create_future()
-
-        def count_turn() -> None:  # once each iteration of the loop, while rows wait
-            turns.append(mirror._appended)
-            if mirror._catching_up is not None:
-                series.add(id(mirror._catching_up))
-            if mirror._appended:
-                appending.set()
-            if mirror._unread:
-                loop.call_soon(count_turn)
-            else:
-                done.set_result(None)
-
-        count_turn()
-        readers = [asyncio.ensure_future(mirror.caught_up()) for _ in range(3)]
-        await appending.wait()
-        send(40)  # sent while they wait
-        await asyncio.gather(*readers)
-        await mirror.caught_up()
-        await done
-        return turns, series
-
-    turns, series = asyncio.run(main())
-    assert not mirror.behind()
-    assert len(turns) > 1  # in turns, with the loop running in between
-    assert len(series) <= 2  # one series for the three readers (and one for the last rows)
-    assert seconds["longest_slice"] < 0.1 and seconds["read"] > 0
-    store = mirror.store
-    assert store.n_states == mirror.n_states == 41 * SHIP_STATES
-    assert list(store.keys.values[:2]) == ["k-0-0", "k-0-1"]
-    assert store.keys.values[len(store.keys) - 1] == f"k-40-{SHIP_STATES - 1}"
 
 
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
@@ -288,11 +242,9 @@ async def test_a_graph_reaches_the_client_from_its_process_a_few_pieces_at_a_tim
         pag = await crux_dask.get_pag(c)
     finally:
         KeptPieces.fetch = fetch
-    mirror = crux.builder.store
-    every = np.arange(mirror.n_states)
-    assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
-    assert len(pag.mutations) == mirror.n_mutations > 20
-    n_pieces = len(mirror.to_pieces())
+    keys, n_mutations, n_pieces, _ = await crux.analyse(keys_and_sizes)
+    assert pag.states["key"].tolist() == keys
+    assert len(pag.mutations) == n_mutations > 20
     assert asked.count("piece") == n_pieces > 2 * PIECES_AHEAD and asked.count("release") == 1
     assert 1 <= most[0] <= PIECES_AHEAD + 1 and held[0] == 0 and crux.staged == {}
 
@@ -305,12 +257,12 @@ async def test_a_piece_of_an_answer_let_go_is_refused_and_the_process_goes_on(c,
     crux = s.plugins["crux"]
     kept = await crux.pieces()
     number = kept._ask.args[1]  # the answer's, in the process
-    assert isinstance(kept, KeptPieces) and kept.head == crux.builder.end
+    assert isinstance(kept, KeptPieces) and kept.head == crux.progress().end
     with pytest.raises(IndexError):
         await kept.fetch(len(kept))
     with pytest.raises(KeyError, match=f"no piece {len(kept)} of answer {number}"):
         await crux.host._ask("piece", number, len(kept))  # refused there too
-    assert PAGStore.from_pieces(await kept.fetch_all()).n_states == crux.builder.store.n_states
+    assert PAGStore.from_pieces(await kept.fetch_all()).n_states == crux.progress().n_states
     kept.release()
     with pytest.raises(KeyError, match="let go"):
         await kept.fetch(1)
@@ -343,7 +295,7 @@ async def test_stagings_a_client_never_fetched_are_let_go_in_the_process(c, s, a
         await crux.host._ask("piece", evicted._ask.args[1], 0)
     newest = crux.staged[tokens[-1]]
     pieces = [await crux.staged_piece(tokens[-1], i) for i in range(len(newest))]
-    assert PAGStore.from_pieces(pieces[1:]).n_states == crux.builder.store.n_states
+    assert PAGStore.from_pieces(pieces[1:]).n_states == crux.progress().n_states
     assert tokens[-1] not in crux.staged and posted.count("release") == 3
 
 
@@ -352,7 +304,6 @@ async def test_a_path_whose_pieces_died_with_the_process_is_made_again_for_the_h
         c, s, a, b):
     """The JSON API's path, made and kept by the graph process, which dies before the
     first piece is sent: the process that resumes makes it again."""
-    from crux_dask.wcp import critical_path
 
     await crux_dask.attach(c)
     assert await c.compute(chain(30)) == 30
@@ -373,10 +324,8 @@ async def test_a_path_whose_pieces_died_with_the_process_is_made_again_for_the_h
         f"http://127.0.0.1:{s.http_server.port}/crux/api/v1/wcp")
     assert answers == ["KeptPieces", "KeptPieces"]  # the second by the process resumed
     await crux.host.drain()
-    await crux.host.caught_up()
-    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
     steps = json.loads(response.body)["steps"]
-    assert [step["key"] for step in steps] == expected.steps["key"].tolist()
+    assert [step["key"] for step in steps] == await crux.analyse(path_keys)
     assert len(steps) > 30
 
 
@@ -398,7 +347,7 @@ async def test_a_staging_let_go_while_its_client_fetches_is_made_again(c, s, a, 
     crux.stage = lambda parts: (stagings.append(parts), stage(parts))[1]
     pag = await crux_dask.get_pag(c)
     assert len(stagings) == 2 and crux.staged == {}
-    assert len(pag.states) == crux.builder.store.n_states > 30
+    assert len(pag.states) == crux.progress().n_states > 30
 
 
 @gen_cluster(client=True)
@@ -464,11 +413,9 @@ async def test_a_fetch_cut_short_by_the_graph_process_s_death_is_made_again(c, s
     assert crux.host.alive and crux.staged == {}
     assert [kinds[-1] for kinds in stagings] == ["KeptPieces", "KeptPieces"]  # staged again
     await crux.host.drain()
-    await crux.host.caught_up()
-    mirror = crux.builder.store
-    every = np.arange(mirror.n_states)
-    assert pag.states["key"].tolist() == mirror.states_frame(every)["key"].tolist()
-    assert len(pag.mutations) == mirror.n_mutations and mirror.n_states > 50
+    keys, n_mutations, _, _ = await crux.analyse(keys_and_sizes)
+    assert pag.states["key"].tolist() == keys and len(keys) > 50
+    assert len(pag.mutations) == n_mutations
 
 
 @gen_cluster(client=True)
@@ -508,7 +455,7 @@ async def test_a_long_path_reaches_the_client_a_piece_per_message(c, s, a, b):
         staging.PIECE_BYTES = piece_bytes
     (sizes,) = staged
     assert len(sizes) > 10 and max(sizes) == 4096 and crux.staged == {}  # all fetched
-    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
+    expected = critical_path(crux.host.builder.store, default_end=crux.host.builder.end)
     assert len(path) == len(expected) > 300
     assert path.steps["key"].tolist() == expected.steps["key"].tolist()
 
@@ -582,71 +529,6 @@ def test_what_is_recorded_goes_to_the_process_in_messages_of_bounded_size():
             assert size < MESSAGE_BYTES + len(batch)
     finally:
         process.spool.close(remove_temporary=True)
-
-
-def test_the_scheduler_copy_never_moves_what_it_holds():
-    """The copy of the graph the scheduler keeps is appended to in blocks of the
-    process's columns: an append writes its own rows and moves nothing (an array.array
-    copies every state column at once when they fill), and the copy reads as what was
-    sent."""
-    mirror = GraphMirror("run", {"read": 0.0, "longest_slice": 0.0})
-    names = [name for name, value in vars(PAGStore("run")).items() if hasattr(value, "typecode")]
-    typecodes = {name: getattr(PAGStore("run"), name).typecode for name in names}
-    oracle = {name: array(typecodes[name]) for name in names}  # how an array.array grows
-    sent: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    summary = {"end": -1, "n_states": 0, "n_mutations": 0, "n_applied": 0, "n_parked": 0,
-               "n_parked_total": 0, "n_fallbacks": 0, "n_lost": 0}
-    grown_together_oracle = []
-    for message in range(160):
-        rows = {name: (np.arange(SHIP_STATES) + message * SHIP_STATES).astype(typecodes[name])
-                for name in names}
-        before = {name: getattr(mirror.store, name).chunks for name in names}
-        before_oracle = {name: sys.getsizeof(oracle[name]) for name in names}
-        mirror.extend("run", pickle.dumps({name: values.tobytes()
-                                           for name, values in rows.items()}), summary)
-        for name, values in rows.items():
-            sent[name].append(values)
-            oracle[name].frombytes(values.tobytes())
-            chunks = getattr(mirror.store, name).chunks
-            assert all(now is then for now, then in zip(chunks, before[name], strict=False))
-            assert len(chunks) - len(before[name]) <= 1
-        grown_together_oracle.append(sum(sys.getsizeof(oracle[name]) != before_oracle[name]
-                                         for name in names))
-    assert max(grown_together_oracle) == len(names)  # what the copy used to do
-    store = mirror.store
-    n = 160 * SHIP_STATES
-    assert store.n_states == n and len(store.state_time.chunks) > 2
-    for name in names:
-        assert np.array_equal(store.column(name), np.concatenate(sent[name]))
-    times = np.concatenate(sent["state_time"])
-    for ids in (np.array([5, n - 1, 70_000, -1]), np.arange(0, n, 3)):
-        assert np.array_equal(store.column("state_time", ids), times[ids])
-    assert store.state_pred[n - 1] == n - 1 and store.state_time[-2] == n - 2
-    assert np.array_equal(store.state_size[60_000:140_000], np.arange(60_000, 140_000))
-    copied = PAGStore.from_pieces(store.to_pieces())
-    assert np.array_equal(copied.column("mutation_busy"), store.column("mutation_busy"))
-    assert np.array_equal(store.copy().column("cause_kind"), store.column("cause_kind"))
-
-
-def test_the_columns_of_the_copy_make_their_next_chunk_ready_a_few_at_a_time():
-    """The scheduler's copy appends every column by about as many rows at once: each
-    column makes its next chunk ready (its memory touched) at a fill of its own, so that
-    no append touches fresh memory for all of them."""
-    from crux_dask.growable import COLUMN_CHUNK, ChunkedColumn
-
-    store = PAGStore.chunked("run")
-    columns = [column for column in vars(store).values() if isinstance(column, ChunkedColumn)]
-    ready = []
-    for _ in range(COLUMN_CHUNK // 4096):
-        for column in columns:
-            column.frombytes(np.ones(4096, column.typecode).tobytes())
-        ready.append(sum(column._next is not None for column in columns))
-    assert len(columns) > 20 and ready[-1] == len(columns)
-    assert max(np.diff([0, *ready])) <= len(columns) // 4
-    chunk = columns[0]._next
-    for column in columns:  # the next append goes into the chunk made ready
-        column.frombytes(np.full(10, 7, column.typecode).tobytes())
-    assert columns[0].chunks[-1] is chunk and columns[0][COLUMN_CHUNK:].tolist() == [7] * 10
 
 
 def test_what_the_process_sends_is_read_back_as_it_comes_in_any_cut():
@@ -729,7 +611,6 @@ async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c,
     """Read a few hundred bytes a turn, the graph's pieces and the answer after them
     come in many turns, the pipe unread while complete messages wait: all arrive."""
     from crux_dask.plugins import graph_pipe
-    from crux_dask.wcp import critical_path
 
     await crux_dask.attach(c)
     assert await c.compute(chain(300)) == 300
@@ -743,7 +624,8 @@ async def test_messages_read_past_a_turn_s_budget_are_taken_in_the_next_turns(c,
     finally:
         graph_pipe.READ_BYTES = read_bytes
     assert not crux.host._paused and not crux.host._frames.waiting
-    assert len(pag.states) == crux.builder.store.n_states
-    expected = critical_path(crux.builder.store, default_end=crux.builder.end)
+    assert len(pag.states) == crux.progress().n_states
+    expected = critical_path(pag.stores[0], default_end=pag.ends[0])
     assert len(path) == len(expected) > 300
     assert path.steps["key"].tolist() == expected.steps["key"].tolist()
+    assert path.steps["key"].tolist() == await crux.analyse(path_keys)

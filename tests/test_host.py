@@ -27,24 +27,23 @@ def test_each_host_answers_the_same_questions_alike(apart):
         assert sum(await c.gather(c.map(inc, range(10)))) == 55
         await crux_dask.flush(c)
         pag = await crux_dask.get_pag(c)
-        assert await host.ask(states_and_end, 1) == (len(pag.states) + 1, host.builder.end)
+        progress = host.progress()
+        assert progress.n_states == len(pag.states)
+        assert await host.ask(states_and_end, 1) == (len(pag.states) + 1, progress.end)
         cut = await host.pieces()  # kept in the graph process, fetched a piece at a time
         try:
             pieces = await cut.fetch_all()
         finally:
             cut.release()
-        assert cut.head == host.builder.end
+        assert cut.head == progress.end
         (whole,) = split_pieces(pieces, [len(pieces)])
         assert PAGStore.from_pieces(whole).n_states == len(pag.states)
         root = pag.states[pag.states["location"] == "root"]["state_id"].iloc[0]
         made = await host.external("APPEND", sources=[int(root)], key="outside", label="x",
                                    origin="outside", location="file@h:/x", size=3,
                                    start=1.0, stop=2.0)
-        await host.caught_up()
-        assert host.builder.store.n_states == made + 1
-        sizes = host.sizes()
-        assert sizes["states"] == len(pag.states) + 1
-        assert (sizes["graph_process"] is not None) is apart
-        assert not host.behind()
+        assert (await host.ask(states_and_end, 0))[0] == made + 1 == len(pag.states) + 1
+        assert host.progress().n_states == made + 1  # said before the answer
+        assert (host.sizes()["graph_process"] is not None) is apart
 
     run()

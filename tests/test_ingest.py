@@ -13,6 +13,7 @@ from tornado.httpclient import AsyncHTTPClient
 import crux_dask
 from crux_dask.codec import encode_batch
 from crux_dask.dashboard.data import live_source
+from crux_dask.dashboard.off_loop import OffLoop
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins.ingest import Ingest
@@ -220,7 +221,7 @@ class ProbeBefore(SchedulerPlugin):
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         crux = self.scheduler.plugins.get("crux")
-        self.applied = None if crux is None else crux.builder.n_applied
+        self.applied = None if crux is None else crux.host.builder.n_applied
 
 
 class ProbeAfter(SchedulerPlugin):
@@ -239,7 +240,7 @@ class ProbeAfter(SchedulerPlugin):
         crux = self.scheduler.plugins["crux"]
         self.calls += 1
         self.pending_seen = max(self.pending_seen, crux.host.pending)
-        if crux.builder.n_applied != self.before.applied:
+        if crux.host.builder.n_applied != self.before.applied:
             self.changed.append((key, start, finish))
 
 
@@ -256,9 +257,9 @@ async def test_scheduler_hooks_never_apply_even_past_max_pending(c, s, a, b):
     handler_changed = []
 
     def watched_receive(**kwargs):
-        applied = crux.builder.n_applied
+        applied = crux.host.builder.n_applied
         reply = receive(**kwargs)
-        if crux.builder.n_applied != applied:
+        if crux.host.builder.n_applied != applied:
             handler_changed.append(reply)
         return reply
 
@@ -285,7 +286,7 @@ async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a,
     crux = s.plugins["crux"]
     started = time.time()  # when the external data is made: it does not end the workflow
     assert await c.compute(chain(20)) == 20
-    pending, applied = crux.host.pending, crux.builder.n_applied
+    pending, applied = crux.host.pending, crux.host.builder.n_applied
     assert pending >= 20  # recorded by the hook, waiting for the periodic callback
 
     http = AsyncHTTPClient()
@@ -293,23 +294,28 @@ async def test_requests_read_what_is_applied_and_flush_applies_the_rest(c, s, a,
     stats = json.loads((await http.fetch(f"{base}/crux/api/v1/stats")).body)
     # Events still arriving (the released result, a worker's last batch) may add to the queue,
     # but the request applies none of it.
-    assert stats["events_pending"] >= pending and crux.builder.n_applied == applied
+    assert stats["events_pending"] >= pending and crux.host.builder.n_applied == applied
     await http.fetch(f"{base}/crux/api/v1/states")
     await http.fetch(f"{base}/crux/api/v1/wcp")
-    steps = StepsTable(live_source(crux))
-    steps.update()
+    data = live_source(crux)
+    steps = StepsTable(data)
+    driver = OffLoop(data, [steps])  # computed in a thread, on a copy
+    driver.update()
+    await async_poll_for(lambda: not driver.busy(), 10)
     posted = await http.fetch(f"{base}/crux/api/v1/states", method="POST",
                               headers={"Authorization": f"Bearer {TOKEN}"},
                               body=json.dumps({"key": "ext", "location": "file@h:/ext",
                                                "time": started}))
     assert posted.code == 201
     # Nothing queued was applied by the requests; the write applied its own state only.
-    assert crux.host.pending >= pending and crux.builder.n_applied == applied + 1
-    assert json.loads(posted.body)["state_id"] == crux.builder.store.n_states - 1
+    assert crux.host.pending >= pending and crux.host.builder.n_applied == applied + 1
+    assert json.loads(posted.body)["state_id"] == crux.host.builder.store.n_states - 1
 
     pag = await crux_dask.get_pag(c)
     assert crux.host.pending == 0
     assert {f"step-{i}" for i in range(20)} <= set(pag.states["key"])
     assert "ext" in set(pag.states["key"])
-    steps.update()
+    driver.update()
+    await async_poll_for(lambda: not driver.busy(), 10)
+    driver.update()
     assert [k for k in steps.source.data["key"] if k.startswith("step-")][-1] == "step-19"

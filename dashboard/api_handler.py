@@ -2,7 +2,7 @@
 
 Handlers use only the plugin's public interface: ``progress()``, ``stats()``,
 ``scopes()``, ``analyse()``, ``add_external()``,
-``count_http_write()``, ``http_token`` and ``http_max_body``.
+``count_http_write()`` and ``settings``.
 """
 
 from __future__ import annotations

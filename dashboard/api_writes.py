@@ -43,7 +43,7 @@ class StateWriter(CruxHandler):
 
     def authorised_body(self) -> dict | None:
         """The request's JSON body, or ``None`` after answering 403/401/413/400."""
-        token = self.plugin.http_token
+        token = self.plugin.settings.http_token
         if not token:
             self.plugin.count_http_write(accepted=False)
             self.fail(403, "writes are disabled: set crux-dask.http.token to enable them")
@@ -54,9 +54,9 @@ class StateWriter(CruxHandler):
             self.plugin.count_http_write(accepted=False)
             self.fail(401, "missing or wrong bearer token")
             return None
-        if len(self.request.body) > self.plugin.http_max_body:
+        if len(self.request.body) > self.plugin.settings.http_max_body:
             self.plugin.count_http_write(accepted=False)
-            self.fail(413, f"body over {self.plugin.http_max_body} bytes")
+            self.fail(413, f"body over {self.plugin.settings.http_max_body} bytes")
             return None
         try:
             body = json.loads(self.request.body or b"null")

@@ -1,5 +1,5 @@
-"""The pipes to the graph process: a writer thread that starts it and sends, and a reader
-on the scheduler's event loop.
+"""The pipes to the graph process: a writer thread that starts it and sends, a reader
+on the scheduler's event loop, and a new process when it dies.
 
 :class:`Pipes` is the part of :class:`~crux_dask.plugins.graph_process.GraphProcess`
 that moves messages; what they mean is the rest of that class
@@ -21,6 +21,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from crux_dask.plugins.frames import Frames
+
 try:
     import fcntl
 except ImportError:  # not on Windows
@@ -28,11 +30,14 @@ except ImportError:  # not on Windows
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["READ_BYTES", "GraphProcessGone", "Pipes", "ended"]
+__all__ = ["READ_BYTES", "RESTARTS", "GraphProcessGone", "Pipes", "ended"]
 
 #: The most bytes of what the process sends that the event loop reads, and takes
 #: messages of, in one turn (a message takes the turn alone if it is larger).
 READ_BYTES = 1 << 19
+#: How often a graph process that died is started again: one that dies of what it is
+#: given dies again.
+RESTARTS = 3
 #: The messages that ask the process something: ``(kind, number, ...)``, answered by number.
 QUESTIONS = frozenset({"drain", "external", "analyse", "piece"})
 
@@ -164,6 +169,46 @@ class Pipes:
         """From the writer, if the process could not start: wake :meth:`close`."""
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self._stopped.set)
+
+    # -- when the process dies -----------------------------------------------------
+    def _lost(self, why: str) -> None:
+        if self.alive and not self._closing and self.restarts < RESTARTS:
+            self._restart(why)
+            return
+        if self.alive:
+            self.alive = False
+            self.last_error = f"graph process lost: {why}"
+            logger.error("Crux's graph process is gone (%s): the graph recorded so far "
+                         "is read back from its journal, and later events are counted as "
+                         "dropped", why)
+        self._fail_answers(f"Crux's graph process is gone ({why})")
+
+    def _restart(self, why: str) -> None:
+        """Start a new process, which resumes from the journal; send it again what was
+        not durable, and ask again what was not answered (but pieces of answers the
+        process kept, gone with it)."""
+        self.restarts += 1
+        self.last_error = f"graph process restarted: {why}"
+        logger.warning("Crux's graph process is gone (%s): a new one resumes from its "
+                       "journal (restart %d of %d)", why, self.restarts, RESTARTS)
+        if self._process is not None:
+            threading.Thread(target=ended, args=(self._process, 5.0),
+                             name="crux-graph-reaper", daemon=True).start()
+        self._stopped = asyncio.Event()
+        self._frames, self._paused, self._heard = Frames(2 * READ_BYTES), False, False
+        gone = [number for number, message in self._asked.items() if message[0] == "piece"]
+        for number in gone:
+            del self._asked[number]
+            future = self._answers.pop(number)
+            if not future.done():
+                future.set_exception(GraphProcessGone(f"Crux's graph process is gone ({why})"))
+        with self._wake:
+            self._generation += 1
+            self._outgoing.clear()
+            self._outgoing.extend(message for _, message in self._unacked)
+            self._outgoing.extend(self._asked[number] for number in sorted(self._asked))
+            self._wake.notify_all()
+        self._start_writer()
 
     # -- on the event loop ---------------------------------------------------------
     def _listen(self, inbox: Connection) -> None:

@@ -65,9 +65,6 @@ MESSAGE_ENTRIES = 2048
 MESSAGE_BYTES = 2**22
 #: What an entry other than a batch counts for against ``MESSAGE_BYTES``.
 _ENTRY_BYTES = 1_000
-#: How often a graph process that died is started again: one that dies of what it is
-#: given dies again.
-RESTARTS = 3
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
                      "events_from_workers", "hook_errors", "events_dropped",
@@ -362,42 +359,3 @@ class GraphProcess(Pipes, Recorder):
                     future.set_result(value)
                 else:
                     future.set_exception(error)
-
-    def _lost(self, why: str) -> None:
-        if self.alive and not self._closing and self.restarts < RESTARTS:
-            self._restart(why)
-            return
-        if self.alive:
-            self.alive = False
-            self.last_error = f"graph process lost: {why}"
-            logger.error("Crux's graph process is gone (%s): the graph recorded so far "
-                         "is read back from its journal, and later events are counted as "
-                         "dropped", why)
-        self._fail_answers(f"Crux's graph process is gone ({why})")
-
-    def _restart(self, why: str) -> None:
-        """Start a new process, which resumes from the journal; send it again what was
-        not durable, and ask again what was not answered (but pieces of answers the
-        process kept, gone with it)."""
-        self.restarts += 1
-        self.last_error = f"graph process restarted: {why}"
-        logger.warning("Crux's graph process is gone (%s): a new one resumes from its "
-                       "journal (restart %d of %d)", why, self.restarts, RESTARTS)
-        if self._process is not None:
-            threading.Thread(target=ended, args=(self._process, 5.0),
-                             name="crux-graph-reaper", daemon=True).start()
-        self._stopped = asyncio.Event()
-        self._frames, self._paused, self._heard = Frames(2 * READ_BYTES), False, False
-        gone = [number for number, message in self._asked.items() if message[0] == "piece"]
-        for number in gone:
-            del self._asked[number]
-            future = self._answers.pop(number)
-            if not future.done():
-                future.set_exception(GraphProcessGone(f"Crux's graph process is gone ({why})"))
-        with self._wake:
-            self._generation += 1
-            self._outgoing.clear()
-            self._outgoing.extend(message for _, message in self._unacked)
-            self._outgoing.extend(self._asked[number] for number in sorted(self._asked))
-            self._wake.notify_all()
-        self._start_writer()

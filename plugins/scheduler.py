@@ -81,10 +81,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         or in the scheduler's (once started).
     spool : Spool
         The segments of the graph written to disk (once started).
-    http_token : str or None
-        The bearer token the write routes require; ``None``: writes are refused.
-    http_max_body : int
-        The largest write request accepted, in bytes.
+    settings : ~crux_dask.plugins.config.Settings
+        What it runs with: the parameters given, else the configured keys.
     graph_roots : dict
         Root state of each task submitted that has not run yet.
     erred : dict of str to dict
@@ -94,8 +92,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     -----
     The dashboard uses only :meth:`progress`, :meth:`analyse`, :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
-    :meth:`read_spooled`, :meth:`scopes`, :attr:`http_token` and
-    :attr:`http_max_body`.
+    :meth:`read_spooled`, :meth:`scopes` and :attr:`settings`.
     """
 
     name = PLUGIN_NAME
@@ -105,44 +102,25 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                  max_pending_events: int | None = None,
                  park_timeout: str | float | None = None,
                  max_transitions: int | None = None) -> None:
-        self.apply_interval = config.seconds("apply-interval", apply_interval)
-        self.max_pending_events = config.positive_int("max-pending-events",
-                                                      max_pending_events)
-        self.park_timeout = config.seconds("park-timeout", park_timeout)
-        self.max_transitions = config.positive_int("max-transitions", max_transitions)
-        token = config.get("http.token")
-        if token is not None and (not isinstance(token, str) or len(token) < 8):
-            raise ValueError("crux-dask.http.token must be a string of at least 8 characters")
-        self.http_token: str | None = token
-        self.http_max_body = config.positive_int("http.max-body-bytes")
-        max_states = config.get("max-states")
-        if max_states is not None and (isinstance(max_states, bool)
-                                       or not isinstance(max_states, int) or max_states < 100):
-            raise ValueError("crux-dask.max-states must be null or an integer of at least 100, "
-                             f"got {max_states!r}")
-        self.max_states: int | None = max_states
-        self.spool_dir: str | None = config.get("spool-dir")
-        self.record_transitions = bool(config.get("capture.transitions"))
-        self.graph_process = config.get("graph-process")
-        if not isinstance(self.graph_process, bool):
-            raise ValueError(f"crux-dask.graph-process must be true or false, "
-                             f"got {self.graph_process!r}")
+        self.settings = config.Settings.read(apply_interval, max_pending_events,
+                                             park_timeout, max_transitions)
         self.scheduler: Scheduler | None = None
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.spool = Spool(self.max_states, self.spool_dir)
-        if self.graph_process and os.name == "posix":  # it passes pipes to a child
+        settings = self.settings
+        self.spool = Spool(settings.max_states, settings.spool_dir)
+        if settings.graph_process and os.name == "posix":  # it passes pipes to a child
             self.host: GraphHost = GraphProcess(self.spool, {
-                "max_pending": self.max_pending_events, "park_timeout": self.park_timeout,
-                "max_states": self.max_states, "spool_dir": self.spool_dir,
-                "apply_interval": self.apply_interval})
+                "max_pending": settings.max_pending_events,
+                "park_timeout": settings.park_timeout, "max_states": settings.max_states,
+                "spool_dir": settings.spool_dir, "apply_interval": settings.apply_interval})
             self.host.start()
         else:
             self.host = LocalHost(PAGBuilder(), self.spool,
-                                    max_pending=self.max_pending_events,
-                                    park_timeout=self.park_timeout)
+                                  max_pending=settings.max_pending_events,
+                                  park_timeout=settings.park_timeout)
         self.graph_roots: dict[Any, int] = {}
         # The last task-finished: its stimulus, and the task and worker it freed.
         self.last_finished: tuple[str | None, str, str] = (None, "", "")
@@ -150,7 +128,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # Graphs cut into pieces for clients to fetch: token -> staging.
         self.staged: OrderedDict[str, Staging] = OrderedDict()
         self.http_writes = {"accepted": 0, "rejected": 0}
-        self.transitions = TransitionLog(self.max_transitions)
+        self.transitions = TransitionLog(settings.max_transitions)
         self.attached_at = time.time()
         self.tasks_at_attach = len(scheduler.tasks)
         self.transitions_at_attach = scheduler.transition_counter
@@ -161,7 +139,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[EVENTS_HANDLER] = self.host.receive
         scheduler.handlers[FILES_HANDLER] = self.host.receive_files
         self.extensions = install_extensions(scheduler, self)
-        self._callback = PeriodicCallback(self.host.tick, self.apply_interval * 1000)
+        self._callback = PeriodicCallback(self.host.tick, settings.apply_interval * 1000)
         scheduler.periodic_callbacks["crux-apply"] = self._callback
         self._callback.start()
 
@@ -200,7 +178,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         # What only the scheduler knows of a task is recorded as it is sent; what its
         # worker knows, the worker reports (see crux_dask.plugins.tasks).
         try:
-            if self.record_transitions:  # for the export
+            if self.settings.record_transitions:  # for the export
                 self.transitions.record(key, start, finish, stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
@@ -228,7 +206,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         """The queue entry of a task that finished (in memory or erred) on ``worker``: that
         it did, if its worker reports the rest, else the whole task."""
         self.last_finished = (stimulus_id, key, worker)
-        if self.record_transitions:
+        if self.settings.record_transitions:
             self.transitions.finished(worker)
         if finish == "memory":
             metadata = kwargs.get("metadata")
@@ -302,7 +280,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         while the scheduler runs (recording each in the hook cost it about 1-2 % of its
         CPU on tiny tasks), and are made into chunks in a thread.
         """
-        if self.record_transitions:
+        if self.settings.record_transitions:
             return self.transitions.in_chunks()
         entries = list(self.scheduler.transition_log)
         return await asyncio.get_running_loop().run_in_executor(None, chunks_of_log, entries)
@@ -310,7 +288,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
     def transitions_dropped(self) -> int:
         """Transitions since Crux attached that the export will not have: dropped past
         ``max-transitions`` if recorded, else no longer in distributed's own log."""
-        if self.record_transitions:
+        if self.settings.record_transitions:
             return self.transitions.dropped
         scheduler = self.scheduler
         return max(0, scheduler.transition_counter - self.transitions_at_attach

@@ -25,7 +25,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 import crux_dask
 from crux_dask.codec import encode_batch
 from crux_dask.plugins.frames import Frames
-from crux_dask.plugins.graph_process import MESSAGE_BYTES, RESTARTS, GraphProcess
+from crux_dask.plugins.graph_pipe import RESTARTS
+from crux_dask.plugins.graph_process import MESSAGE_BYTES, GraphProcess
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import PIECES_AHEAD, KeptPieces, Pieces, Staging
 from crux_dask.plugins.worker import flush_worker

@@ -13,8 +13,12 @@ Only the scheduler imports this package: workers import what they send
     Events that wait for an input not reported yet.
 :mod:`~crux_dask.graph.builder`
     :class:`PAGBuilder`, applying events one by one.
+:mod:`~crux_dask.graph.handlers`
+    Each kind of event applied to the builder.
 :mod:`~crux_dask.graph.window`
     A window of routine events applied at once with numpy, exactly as one by one.
+:mod:`~crux_dask.graph.commit`
+    A planned window's rows appended to the store, the builder brought up to date.
 """
 
 from __future__ import annotations

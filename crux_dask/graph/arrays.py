@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 __all__ = ["as_of", "codes", "encode", "extend", "first", "follow", "same", "values_of"]
 
-#: What a lookup finds in a slot nothing wrote.
-MISSING = -2
+#: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
+DEAD, MISSING = -1, -2
 
 
 def first(mask: np.ndarray, default: int) -> int:

@@ -16,31 +16,27 @@ already held somewhere, an input not known (the event would wait), a location
 or task group never seen, a root, a malformed field.  The builder applies that
 event on its scalar path and goes on.  The result is the same store and the
 same builder state as applying the events one by one, which the tests check on
-random event sequences.
+random event sequences.  A :class:`Window` is planned here and committed by
+:mod:`crux_dask.graph.commit`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crux_dask.columns import COMPUTE, DELETE, OTHER, TRANSFER, EventColumns
-from crux_dask.encoding import NOT_RECORDED
 from crux_dask.graph import arrays, rules
-from crux_dask.growable import NO_CODE
-from crux_dask.model import MOMENTS, CauseKind, MutationKind
-from crux_dask.store import NO_THREAD
+from crux_dask.graph.commit import commit
 
 if TYPE_CHECKING:
     from crux_dask.graph.builder import PAGBuilder
 
-__all__ = ["apply_window"]
+__all__ = ["Window", "apply_window"]
 
-#: What a lookup finds in a slot released in the window, and in a slot nothing wrote.
-_DEAD, _MISSING = -1, arrays.MISSING
+_DEAD, _MISSING = arrays.DEAD, arrays.MISSING
 
 
 def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> int:
@@ -52,14 +48,15 @@ def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -
         Whatever a malformed window raises while it is planned; nothing is
         applied then, and the caller applies the events one by one.
     """
-    window = _Window(builder, columns, lo, hi)
+    window = Window(builder, columns, lo, hi)
     if window.n:
-        window.commit()
+        commit(window)
     return window.n
 
 
-class _Window:
-    """One window: planned in ``__init__`` (no side effects), applied by :meth:`commit`."""
+class Window:
+    """One window: planned in ``__init__`` (no side effects), applied by
+    :func:`~crux_dask.graph.commit.commit`."""
 
     def __init__(self, builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> None:
         self.builder = builder
@@ -251,204 +248,3 @@ class _Window:
             copy = copies.get(name)
             found[i] = copy.get(where, _MISSING) if copy else _MISSING
         looked_up[missing] = found
-
-    # -- applying -----------------------------------------------------------
-    def commit(self) -> None:
-        """Append the window's states and mutations and update the builder."""
-        builder, store = self.builder, self.builder.store
-        f, base = self.n, self.base
-        ci, ti, di, c, t, d = self.ci, self.ti, self.di, self.c, self.t, self.d
-        ids = base + np.arange(f)
-        time = np.empty(f)
-        start = np.empty(f)
-        time[ci], start[ci] = c["stop"], c["start"]
-        time[ti], start[ti] = t["stop"], t["start"]
-        time[di] = start[di] = d["time"]
-        n_mutations = np.ones(f, np.int64)
-        n_mutations[ci] = np.maximum(self.n_inputs, 1)
-        m0 = store.n_mutations
-        first_mutation = m0 + np.cumsum(n_mutations) - n_mutations
-
-        # What a copy takes from its source (which may be in the window too).
-        copies = np.concatenate([ti, di])
-        sources = np.concatenate([t["src"], d["src"]])
-        ready = time.copy()
-        arrays.follow(ready, ti, t["src"], lambda src, at: rules.copies_ready(
-            src, t["start"][at], t["stop"][at]), base, store, "state_ready")
-        size = np.zeros(f, np.int64)
-        size[ci], size[ti] = c["nbytes"], t["nbytes"]
-        no_nbytes = t["no_nbytes"]
-        arrays.follow(size, ti[no_nbytes], t["src"][no_nbytes], arrays.same, base, store,
-                      "state_size")
-        key_code = np.empty(f, np.int64)
-        key_code[ci] = len(store.keys) + np.arange(len(ci))
-        arrays.follow(key_code, copies, sources, arrays.same, base, store, "state_key")
-        location_workers = np.full(len(store.locations), NO_CODE, np.int64)
-        location_workers[list(builder.places.worker)] = list(builder.places.worker.values())
-        worker = np.empty(f, np.int64)
-        worker[ci] = location_workers[c["memory"]]
-        t_worker = location_workers[self.ev_location[ti]]
-        worker[ti] = np.where(t_worker == NO_CODE, location_workers[t["source"]], t_worker)
-        worker[di] = arrays.values_of(worker, d["src"], base, store, "state_worker")
-        thread = np.full(f, NO_THREAD, np.int64)
-        thread[ci] = c["thread"]
-
-        # Mutations: a computation's inputs (or its graph's root), a copy's source.
-        n_inputs = self.n_inputs
-        c_mutations = n_mutations[ci]
-        c_first = np.cumsum(c_mutations) - c_mutations
-        no_inputs = n_inputs == 0
-        c_src = np.empty(int(c_mutations.sum()), np.int64)
-        takes_input = np.ones(len(c_src), bool)
-        takes_input[c_first[no_inputs]] = False
-        c_src[takes_input] = self.input_src
-        c_src[c_first[no_inputs]] = c["root"][no_inputs]
-        pred = first_mutation.copy()
-        src_ready = arrays.values_of(ready, c_src, base, store, "state_ready")
-        last_input = rules.last_arriving_segments(src_ready, c_first, c_mutations)
-        pred[ci] += last_input
-        c_kind = rules.task_kinds(n_inputs)
-        single = np.flatnonzero(n_inputs == 1)
-        c_kind[single] = builder.fanout.kinds(
-            c_src[c_first[single]], c["group"][single], first_mutation[ci[single]],
-            store.mutation_kind)
-        m_src = np.empty(int(n_mutations.sum()), np.int64)
-        m_kind = np.empty(len(m_src), np.int8)
-        m_busy = np.zeros(len(m_src))
-        c_rows = np.repeat(first_mutation[ci] - m0 - c_first, c_mutations) + np.arange(len(c_src))
-        m_src[c_rows] = c_src
-        m_kind[c_rows] = np.repeat(c_kind, c_mutations)
-        m_busy[c_rows] = np.repeat(c["stop"] - c["start"], c_mutations)
-        copy_rows = first_mutation[copies] - m0
-        m_src[copy_rows] = sources
-        m_kind[copy_rows] = np.repeat([MutationKind.TRANSFER, MutationKind.DELETE],
-                                      [len(ti), len(di)])
-        m_busy[copy_rows[:len(ti)]] = t["stop"] - t["start"]
-
-        # Moments and priorities, and the tasks that waited for their thread.
-        moments = {name: np.full(f, np.nan)
-                   for name in MOMENTS}
-        for name in (*NOT_RECORDED, "submitted"):
-            moments[name][ci] = c[name]
-        moments["requested"][ti] = t["requested"]
-        def time_of(states: np.ndarray) -> np.ndarray:
-            return arrays.values_of(time, states, base, store, "state_time")
-
-        thread_src, thread_dst = builder.threads.causes(
-            c["memory"], c["thread"], base + ci,
-            rules.runnables(c["requested"], c["runnable"], src_ready[c_first + last_input]),
-            c["start"], time_of)
-        cause_src, cause_dst, cause_kind, cause = _causes(
-            thread_src, thread_dst, self.releaser, base + ci[self.queued], time_of, f, base,
-            store.n_causes)
-
-        # Append: labels, keys, states, mutations, causes.
-        n_labels = len(store.labels)
-        for label in self.new_labels[:len(np.unique(c["label"][c["label"] >= n_labels]))]:
-            store.labels.code(label)
-        store.keys.values.extend(self.c_key)
-        arrays.extend(store.key_label, c["label"])
-        arrays.extend(store.key_origin, c["origin"])
-        for name, values in (("time", time), ("start", start), ("ready", ready),
-                             ("size", size), ("key", key_code),
-                             ("location", self.ev_location), ("worker", worker),
-                             ("thread", thread), ("pred", pred), ("cause", cause),
-                             *moments.items()):
-            arrays.extend(getattr(store, f"state_{name}"), values)
-        arrays.extend(store.cause_src, cause_src)
-        arrays.extend(store.cause_dst, cause_dst)
-        arrays.extend(store.cause_kind, cause_kind)
-        for name, values in (("src", m_src), ("dst", np.repeat(ids, n_mutations)),
-                             ("kind", m_kind), ("busy", m_busy)):
-            arrays.extend(getattr(store, f"mutation_{name}"), values)
-
-        # The builder's view of what is held where, and of the graph's end.
-        self._update_held(ids)
-        builder.fanout.forget_many(d["src"].tolist())
-        created = np.flatnonzero(self.kinds != DELETE)
-        builder.ends.add_many(ids[created], time[created], m_src, np.repeat(ids, n_mutations))
-        builder.n_applied += f
-
-    def _update_held(self, ids: np.ndarray) -> None:
-        """Bring the builder's ``_live`` and ``_copies`` to what is held after the window.
-
-        Keys the window created end up with one copy or none, which arrays
-        settle; a key with several copies, or held before the window, gets
-        its writes replayed through the builder's own bookkeeping.
-        """
-        builder = self.builder
-        holdings = builder.holdings
-        live, copies = holdings.newest, holdings.others
-        names, kinds = self.names, self.kinds
-        # The last write of each slot: the slot order of the as-of join, cut to the prefix.
-        writes = self.slot_order[self.slot_order < self.n]
-        slot = self.ev_slot[writes]
-        ends = np.ones(len(writes), bool)
-        ends[:-1] = slot[1:] != slot[:-1]
-        last = writes[ends]
-        final = np.where(kinds[last] == DELETE, _DEAD, ids[last])
-        final_key = self.ev_key[last]
-        # Slots sort by key first.
-        keys = final_key[np.r_[True, final_key[1:] != final_key[:-1]]]
-        created = kinds[self.first_event[keys]] == COMPUTE
-        held_before = np.zeros(len(keys), bool)
-        earlier = np.flatnonzero(~created)
-        earlier_names = list(map(names.__getitem__, keys[earlier].tolist()))
-        held_before[earlier] = np.fromiter(map(live.__contains__, earlier_names), bool,
-                                           len(earlier))
-        regular = np.ones(len(keys), bool)  # one copy before, or none: counts tell the rest
-        if copies:
-            regular[earlier] = ~np.fromiter(map(copies.__contains__, earlier_names), bool,
-                                            len(earlier))
-        delta = np.ones(self.n, np.int64)
-        delta[self.ti] = self.t["before"] < 0
-        delta[self.di] = -1
-        held_after = held_before + np.bincount(
-            self.ev_key, delta, len(names)).astype(np.int64)[keys]
-
-        gone = list(map(names.__getitem__, keys[regular & held_before & (held_after == 0)]
-                        .tolist()))
-        deque(map(live.pop, gone, repeat(None)), maxlen=0)
-        sole = (created & (held_after == 1))[np.searchsorted(keys, final_key)] & (final >= 0)
-        live.update(zip(map(names.__getitem__, final_key[sole].tolist()), final[sole].tolist()))
-        replay = keys[(held_after > 0) & ~(created & (held_after == 1))
-                      | held_before & ~regular]
-        if not len(replay):
-            return
-        marked = np.zeros(len(names), bool)
-        marked[replay] = True
-        events = np.flatnonzero(marked[self.ev_key])
-        for name, location, sid, kind in zip(
-                map(names.__getitem__, self.ev_key[events].tolist()),
-                self.ev_location[events].tolist(), ids[events].tolist(),
-                kinds[events].tolist()):
-            if kind == DELETE:
-                holdings.drop(name, location)
-            else:
-                holdings.add(name, location, sid)  # no event waits for it: see __init__
-
-
-def _causes(thread_src: np.ndarray, thread_dst: np.ndarray, slot_src: np.ndarray,
-            slot_dst: np.ndarray, time_of, f: int, base: int, n_causes: int
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The window's causes as the scalar path adds them, and each state's own cause.
-
-    Per state, its thread cause, then its slot cause; the state's cause (the
-    ``cause`` column, ``-1`` for none) is the one whose source finished last,
-    the first on ties.
-    """
-    src = np.concatenate([thread_src, slot_src])
-    dst = np.concatenate([thread_dst, slot_dst])
-    kind = np.repeat(np.array([CauseKind.THREAD, CauseKind.SLOT], np.int8),
-                     [len(thread_src), len(slot_src)])
-    cause = np.full(f, -1, np.int64)
-    if len(slot_src):
-        order = np.lexsort((kind, dst))
-        src, dst, kind = src[order], dst[order], kind[order]
-    if not len(dst):
-        return src, dst, kind, cause
-    starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
-    lengths = np.diff(np.r_[starts, len(dst)])
-    latest = rules.last_arriving_segments(time_of(src).astype(float), starts, lengths)
-    cause[dst[starts] - base] = n_causes + starts + latest
-    return src, dst, kind, cause

@@ -5,11 +5,11 @@ Each side records what only it knows.  The worker reports what the task did
 priority and moments, the shards it made) in its next batch; the scheduler
 records, as it sends the task, when it did, which finished task freed the
 queue slot it waited for, and the graph it came in (a :data:`SENT` entry).  The
-ingest joins the two by the task's key (:class:`Sending`), and
+ingest joins the two by the task's key (:mod:`crux_dask.plugins.joins`), and
 :func:`task_events` makes the builder's events of them.  The scheduler also
 notes that the task finished, and where (a :data:`DONE` entry): a worker that
 dies takes with it what it had not sent yet, and its tasks are then recorded
-from what the scheduler knows (:class:`Reports`).
+from what the scheduler knows (:class:`~crux_dask.plugins.joins.Reports`).
 
 A task no worker reports is recorded whole by the scheduler as it finishes, a
 :data:`TASK` entry: one that failed, one that ran on a worker without Crux,
@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import numpy as np
 from distributed.utils import key_split_group
 
-from crux_dask.columns import TRANSFER, EventColumns
-from crux_dask.model import CLIENT, file_location
+from crux_dask.model import file_location
 from crux_dask.plugins.protocol import FILES, MOMENTS, REPORT_FIELDS, SHARDS, key_string
 
-__all__ = ["ANNOUNCED_MAX", "DONE", "SENT", "TASK", "Announced", "Finished", "Reports",
-           "Sending", "priority_number", "reported_task", "scheduler_task", "task_events"]
+__all__ = ["DONE", "SENT", "TASK", "Finished", "priority_number", "reported_task",
+           "scheduler_task", "task_events"]
 
 #: Scales of :func:`priority_number`: a task's order within its graph stays
 #: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
@@ -57,17 +54,13 @@ DONE = "done"
 #: dependencies, prefix, group, annotation, priority, metadata)``, in
 #: distributed's terms: ``metadata`` is what its worker sent with its completion.
 TASK = "task"
-#: Tasks sent and not reported finished that :class:`Sending` keeps, at most.
-SENDING_MAX = 1_000_000
-#: Finished tasks whose moment :class:`Announced` keeps, at most (the oldest go first).
-ANNOUNCED_MAX = 65_536
 
 
 class Finished(NamedTuple):
     """A task that finished, as :func:`task_events` reads it.
 
     ``sent`` is what the scheduler recorded as it sent the task
-    (:meth:`Sending.take`), None if nothing.
+    (:meth:`Sending.take <crux_dask.plugins.joins.Sending.take>`), None if nothing.
     """
 
     key: str
@@ -145,156 +138,6 @@ def reported_task(row: Any, worker: str) -> Finished:
                     tuple(inputs),
                     prefix if type(prefix) is str else None, key_split_group(key), annotation,
                     priority, received, runnable, None, shards)
-
-
-class Sending:
-    """What the scheduler recorded of each task it sent, until the task is reported.
-
-    A task sent again before it was reported (taken back from a worker, or
-    its worker lost) keeps when it was first sent.  At most
-    :data:`SENDING_MAX` tasks are kept, the oldest dropped first (tasks
-    released before they finished are never reported): ``dropped`` counts them.
-    """
-
-    def __init__(self, most: int = SENDING_MAX) -> None:
-        self.most = most
-        self.dropped = 0
-        # key string -> (root number, when sent, freed key or None, freed worker or
-        # None, when first sent if sent before, else None)
-        self.tasks: dict[str, tuple] = {}
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def record(self, entry: tuple) -> None:
-        """Keep a :data:`SENT` entry."""
-        _, key, when, freed, root = entry
-        name = key_string(key)
-        before = self.tasks.pop(name, None)
-        first = None
-        if before is not None:  # taken back and sent again
-            first = before[4] if before[4] is not None else before[1]
-            if root == -1:
-                root = before[0]
-        elif len(self.tasks) >= self.most:
-            del self.tasks[next(iter(self.tasks))]
-            self.dropped += 1
-        freed_key, freed_worker = (None, None) if freed is None else (
-            key_string(freed[0]), freed[1])
-        self.tasks[name] = (root, when, freed_key, freed_worker, first)
-
-    def take(self, name: str) -> tuple | None:
-        """What was recorded as the task ``name`` was sent, now that it finished."""
-        return self.tasks.pop(name, None)
-
-
-class Reports:
-    """The tasks the scheduler saw finish (:data:`DONE`), until their worker's report comes.
-
-    A report usually comes after the scheduler saw the task finish (each
-    worker sends its reports in batches), rarely before: either waits for the
-    other, by key and worker.  The tasks whose report never came (their worker
-    died, or it waited longer than the ingest waits for anything) are
-    recorded from what the scheduler saw: where, when it finished and its size.
-    """
-
-    def __init__(self) -> None:
-        # (key string, worker) -> (DONE entry, when it started waiting)
-        self.awaited: dict[tuple[str, Any], tuple[tuple, float]] = {}
-        # (key string, worker) -> when a report came before its DONE
-        self.early: dict[tuple[str, Any], float] = {}
-
-    def done(self, entry: tuple, now: float) -> str:
-        """The scheduler saw a task finish (a :data:`DONE` entry); its key as a string."""
-        join = (key_string(entry[1]), entry[2])
-        if self.early.pop(join, None) is None:
-            self.awaited[join] = (entry, now)
-        return join[0]
-
-    def reported(self, task: Finished, now: float) -> None:
-        """``task``'s worker reported it."""
-        join = (task.key, task.worker)
-        if self.awaited.pop(join, None) is None:
-            self.early[join] = now
-
-    def unreported(self, worker: Any = None, older_than: float | None = None
-                   ) -> list[Finished]:
-        """The tasks whose report did not come, as the scheduler saw them finish: those
-        of ``worker`` if given, else those waiting since before ``older_than`` (all:
-        ``None``).  Reports that came early and waited as long are let go."""
-        if worker is not None:
-            late = [join for join in self.awaited if join[1] == worker]
-        else:
-            late = [join for join, (_, since) in self.awaited.items()
-                    if older_than is None or since < older_than]
-            for join in [join for join, since in self.early.items()
-                         if older_than is None or since < older_than]:
-                del self.early[join]
-        tasks = []
-        for join in late:
-            _, _, where, when, nbytes = self.awaited.pop(join)[0]
-            tasks.append(Finished(join[0], False, where, None, when, when, nbytes, (), None,
-                                  None, None, None))
-        return tasks
-
-
-class Announced:
-    """When the scheduler saw each task finish, which is when it told the clients
-    waiting for its data.
-
-    A worker records the data a client gathered (a ``transfer`` to
-    :data:`~crux_dask.model.CLIENT`) from its own log of outgoing transfers,
-    which does not say when the client asked.  The scheduler's moment splits the
-    time from the task's end to the gather: before it, the worker's message that
-    the task finished reached the scheduler; after it, the scheduler told the
-    client, the client asked for the data, and its request reached the worker.
-    It becomes the gather's ``requested`` moment.
-
-    Parameters
-    ----------
-    capacity : int
-        How many tasks to keep, the most recently finished: data gathered long
-        after it was made keeps no moment.
-    """
-
-    def __init__(self, capacity: int = ANNOUNCED_MAX) -> None:
-        self.capacity = capacity
-        self._at: OrderedDict[str, float] = OrderedDict()
-
-    def done(self, name: str, moment: float) -> None:
-        """The scheduler saw the task of key string ``name`` finish at ``moment``."""
-        at = self._at
-        at[name] = moment
-        at.move_to_end(name)
-        if len(at) > self.capacity:
-            at.popitem(last=False)
-
-    def gathers(self, events: list[tuple]) -> None:
-        """Give the gathers among ``events`` (in place) without a ``requested`` moment
-        the scheduler's moment of their task, where kept."""
-        at = self._at
-        for i, event in enumerate(events):
-            try:
-                if (event[0] == "transfer" and event[3] == CLIENT
-                        and (len(event) == 7 or (len(event) == 8 and event[7] is None))
-                        and (moment := at.get(event[1])) is not None):
-                    events[i] = (*event[:7], moment)
-            except (IndexError, TypeError):  # malformed: the builder refuses it
-                continue
-
-    def gathers_in(self, columns: EventColumns) -> None:
-        """Give the gathers in ``columns`` without a ``requested`` moment the scheduler's
-        moment of their task, where kept."""
-        try:
-            client = columns.strings.index(CLIENT)
-        except ValueError:  # no gather in the batch
-            return
-        strings, key, requested, at = columns.strings, columns.key, columns.requested, self._at
-        for row in np.flatnonzero((columns.kind == TRANSFER) & (columns.location == client)
-                                  & np.isnan(requested)):
-            moment = at.get(strings[key[row]])
-            if moment is not None:
-                requested[row] = moment
 
 
 def task_events(task: Finished, roots: Mapping[int, int] | None = None,

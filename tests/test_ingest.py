@@ -144,14 +144,14 @@ def test_a_slice_is_applied_in_the_order_things_happened():
 def test_events_applied_together_are_ordered_by_the_one_rule_of_an_events_time():
     """A shard is made at its stop, a root at its time, a release at its time."""
     from crux_dask.events import event_time
-    from crux_dask.plugins.ingest import _in_time_order
+    from crux_dask.plugins.time_order import in_time_order
 
     shard = ("shard", "t", "tcp://a:1", "memory@tcp://b:1", 8, 1.0, 5.0, ("x",))
     rest = (0, None, None, None, None, None, None)
     compute = ("compute", "y", "tcp://a:1", 1, 2.0, 3.0, 8, (), *rest)
     root, delete = ("root", 4.0), ("delete", "y", "tcp://a:1", 6.0)
     unreadable = ("compute", "z", "tcp://a:1", 1, 2.0, "late", 8, (), *rest)
-    ordered = _in_time_order([delete, shard, root, compute, unreadable])
+    ordered = in_time_order([delete, shard, root, compute, unreadable])
     assert ordered == [unreadable, compute, root, shard, delete]
     assert [event_time(e) for e in ordered] == sorted(event_time(e) for e in ordered)
 

@@ -12,11 +12,12 @@ from crux_dask.codec import encode_batch
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.model import CLIENT, memory_location
 from crux_dask.plugins.ingest import Ingest
+from crux_dask.plugins.joins import Announced, Sending
 from crux_dask.plugins.protocol import REPORT_FIELDS
 from crux_dask.plugins.recorder import LOST
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import DONE, SENT, Announced, Sending
+from crux_dask.plugins.tasks import DONE, SENT
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import tasks_frame
 

@@ -26,8 +26,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tornado.ioloop import IOLoop
-
 from crux_dask.codec import decode_batch, read_head
 from crux_dask.columns import EventColumns
 from crux_dask.plugins.joins import TaskJoins
@@ -158,7 +156,7 @@ class Ingest(TaskJoins, Recorder):
         """Schedule slices on the running event loop until the queue is empty (once)."""
         if not self._soon:
             self._soon = True
-            IOLoop.current().add_callback(self._step)
+            asyncio.get_running_loop().call_soon(self._step)
 
     # -- applying -----------------------------------------------------------------
     def root(self, time: float, label: str) -> int:

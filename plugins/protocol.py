@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW", "MOMENTS", "PLUGIN_NAME",
-           "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "key_string"]
+__all__ = ["EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW", "PLUGIN_NAME",
+           "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "TIMES", "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
@@ -40,7 +40,7 @@ REPORTED = "crux-reported"
 #: elsewhere must keep.  Its worker leaves in its ``metadata``, the same way,
 #: the task's moments and the shift from distributed's clock estimate to its own
 #: (``[received, runnable, shift]``: see :mod:`crux_dask.plugins.clock`) here,
-MOMENTS = "crux"
+TIMES = "crux"
 #: the files it opened (``[io seconds or None, host, [[path, written, size],
 #: ...]]``; for a task that opened many, whose sizes are taken after its
 #: completion is sent, the list is :data:`FOLLOW`: the worker sends it later,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from crux_dask.plugins.batches import EventBatches
 from crux_dask.plugins.files import FileRecorder
-from crux_dask.plugins.protocol import FILES, FOLLOW, MOMENTS, REPORTED, SHARDS, key_string
+from crux_dask.plugins.protocol import FILES, FOLLOW, REPORTED, SHARDS, TIMES, key_string
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -103,7 +103,7 @@ class TaskReports(EventBatches):
                 # the start and stop as distributed converted them: the shift goes too.
                 metadata = ts.metadata
                 metadata.pop(REPORTED, None)
-                metadata[MOMENTS] = (moments[0], moments[1], shift)
+                metadata[TIMES] = (moments[0], moments[1], shift)
                 metadata[FILES] = opened
                 if made is not None:
                     metadata[SHARDS] = made

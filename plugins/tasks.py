@@ -27,10 +27,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from distributed.utils import key_split_group
-
 from crux_dask.model import file_location
-from crux_dask.plugins.protocol import FILES, MOMENTS, REPORT_FIELDS, SHARDS, key_string
+from crux_dask.plugins.protocol import FILES, REPORT_FIELDS, SHARDS, TIMES, key_string
 
 __all__ = ["DONE", "SENT", "TASK", "Finished", "priority_number", "reported_task",
            "scheduler_task", "task_events"]
@@ -94,7 +92,7 @@ def scheduler_task(entry: tuple) -> Finished:
         if interval.get("action") == "compute":
             start, stop = interval["start"], interval["stop"]
     if isinstance(metadata, dict):
-        moments, files, shards = (metadata.get(MOMENTS), metadata.get(FILES),
+        moments, files, shards = (metadata.get(TIMES), metadata.get(FILES),
                                   metadata.get(SHARDS))
     else:
         moments = files = shards = None
@@ -115,6 +113,8 @@ def reported_task(row: Any, worker: str) -> Finished:
         If the report is not in that form.  Moments that are not times, and
         shards in another form, are only left out (see :func:`task_events`).
     """
+    from distributed.utils import key_split_group  # not at import: the graph process's start
+
     if not (isinstance(row, (list, tuple)) and len(row) == len(REPORT_FIELDS)):
         raise ValueError(f"a task's report is an array of {len(REPORT_FIELDS)} fields")
     (key, thread, start, stop, nbytes, inputs, prefix, annotation, priority,

@@ -40,133 +40,214 @@ def encode(events: list) -> dict[str, Any]:
 
     Raises whatever hostile input makes it raise; the caller keeps such
     events whole.
+
+    Parameters
+    ----------
+    events : list
+        Event tuples (or lists), as :mod:`crux_dask.events` describes them.
+
+    Returns
+    -------
+    dict
+        Each column by name, the table of strings (``strings``) and the
+        events kept whole (``others``, by position).
     """
-    originals = events
-    n = len(events)
-    try:
-        lengths = np.fromiter(map(len, events), np.int64, n)
-    except TypeError:  # an event without a length: only lists and tuples go to columns
-        events = [e if isinstance(e, (tuple, list)) else () for e in events]
-        lengths = np.fromiter(map(len, events), np.int64, n)
-    # Every field of every event in one flat array: an event's fields start at
-    # its offset, so a column is one gather.
-    flat = np.fromiter(chain.from_iterable(events), object, int(lengths.sum()))
-    offsets = np.cumsum(lengths) - lengths
-    head = flat[np.minimum(offsets, max(len(flat) - 1, 0))] if len(flat) else flat
-    kind = np.full(n, OTHER, np.int8)
-    for name, code in _KINDS.items():
-        fewest, most = _WIDTHS[code]
-        kind[(lengths >= fewest) & (lengths <= most) & (head == name)] = code
-    ci, ti, di = (np.flatnonzero(kind == code) for code in (COMPUTE, TRANSFER, DELETE))
-    nc = len(ci)
-    bad = np.zeros(n, bool)
+    rows = _Rows(events)
+    numbers = _numeric_columns(rows)
+    _mark_annotated(rows)
+    c_inputs, input_count = _inputs(rows)
+    strings, names, inputs = _string_columns(rows, c_inputs)
+    return _keep_bad_whole(rows, events, dict(
+        strings=strings, kind=rows.kind, **names, **numbers, input_count=input_count,
+        inputs=inputs))
 
-    def field(at: np.ndarray, index: int) -> list:
-        return flat[offsets[at] + index].tolist()
 
-    def trailing(at: np.ndarray, index: int) -> list:
+class _Rows:
+    """The events of one :func:`encode`, laid out to be read a field at a time.
+
+    Every field of every event is in one flat array: an event's fields start
+    at its offset, so a column is one gather.  An event is of a plain kind
+    (``kind``) if its first field names it and it has as many fields as the
+    kind allows; ``compute``, ``transfer`` and ``delete`` are the positions of
+    the events of each.  ``bad`` marks the events found not plain while their
+    fields are read: they are kept whole.
+    """
+
+    __slots__ = ("bad", "compute", "delete", "flat", "kind", "lengths", "n", "offsets",
+                 "transfer")
+
+    def __init__(self, events: list) -> None:
+        n = self.n = len(events)
+        try:
+            lengths = np.fromiter(map(len, events), np.int64, n)
+        except TypeError:  # an event without a length: only lists and tuples go to columns
+            events = [e if isinstance(e, (tuple, list)) else () for e in events]
+            lengths = np.fromiter(map(len, events), np.int64, n)
+        flat = np.fromiter(chain.from_iterable(events), object, int(lengths.sum()))
+        offsets = np.cumsum(lengths) - lengths
+        head = flat[np.minimum(offsets, max(len(flat) - 1, 0))] if len(flat) else flat
+        kind = np.full(n, OTHER, np.int8)
+        for name, code in _KINDS.items():
+            fewest, most = _WIDTHS[code]
+            kind[(lengths >= fewest) & (lengths <= most) & (head == name)] = code
+        self.flat, self.lengths, self.offsets, self.kind = flat, lengths, offsets, kind
+        self.compute, self.transfer, self.delete = (
+            np.flatnonzero(kind == code) for code in (COMPUTE, TRANSFER, DELETE))
+        self.bad = np.zeros(n, bool)
+
+    def field(self, at: np.ndarray, index: int) -> list:
+        """Field ``index`` of the events at positions ``at``."""
+        return self.flat[self.offsets[at] + index].tolist()
+
+    def trailing(self, at: np.ndarray, index: int) -> list:
         """A field that may be left out (then None)."""
-        given = lengths[at] > index
+        given = self.lengths[at] > index
         values = [None] * len(at)
-        for i, value in zip(np.flatnonzero(given).tolist(), field(at[given], index)):
+        for i, value in zip(np.flatnonzero(given).tolist(), self.field(at[given], index)):
             values[i] = value
         return values
 
-    def moments(at: np.ndarray, index: int) -> np.ndarray:
+    def numbers(self, at: np.ndarray, index: int, number: type) -> np.ndarray:
+        """A field that must be a ``number`` (``float``: finite); the events of others are bad."""
+        values, wrong, _ = _numbers(self.field(at, index), number)
+        self.bad[at] |= wrong
+        return values
+
+    def optional_integers(self, at: np.ndarray, values: list) -> np.ndarray:
+        """An integer that may be None; a negative one given is left to one by one."""
+        result, wrong, absent = _numbers(values, int, optional=True)
+        self.bad[at] |= wrong | ((result < 0) if absent is None else (result < 0) & ~absent)
+        return result
+
+    def optional_numbers(self, at: np.ndarray, index: int) -> np.ndarray:
         """A number that may be None (NaN in the column); anything else not finite is bad."""
-        values = trailing(at, index)
+        values = self.trailing(at, index)
         if values.count(None) == len(values):
             return np.full(len(at), np.nan)
         present = np.fromiter((v is not None for v in values), bool, len(values))
         numbers, wrong, _ = _numbers([0.0 if v is None else v for v in values], float)
-        bad[at] |= wrong | present & ~np.isfinite(numbers)
+        self.bad[at] |= wrong | present & ~np.isfinite(numbers)
         return np.where(present, numbers, np.nan)
 
-    def numbers(at: np.ndarray, index: int, number: type) -> np.ndarray:
-        values, wrong, _ = _numbers(field(at, index), number)
-        bad[at] |= wrong
-        return values
 
-    def optional(at: np.ndarray, values: list) -> np.ndarray:
-        """An integer that may be None; a negative one given is left to one by one."""
-        result, wrong, absent = _numbers(values, int, optional=True)
-        bad[at] |= wrong | ((result < 0) if absent is None else (result < 0) & ~absent)
-        return result
-
+def _numeric_columns(rows: _Rows) -> dict[str, np.ndarray]:
+    """The times, sizes, threads and roots, and the moments and priorities (NaN: none)."""
+    n, ci, ti, di = rows.n, rows.compute, rows.transfer, rows.delete
     start, stop = np.zeros(n), np.zeros(n)
     nbytes = np.zeros(n, np.int64)
     thread = np.full(n, NONE, np.int64)
     root = np.full(n, NONE, np.int64)
-    start[ci], stop[ci] = numbers(ci, _C["start"], float), numbers(ci, _C["stop"], float)
-    nbytes[ci] = numbers(ci, _C["nbytes"], int)
-    thread[ci] = optional(ci, field(ci, _C["thread"]))
-    root[ci] = numbers(ci, _C["root"], int)
-    start[ti], stop[ti] = numbers(ti, _T["start"], float), numbers(ti, _T["stop"], float)
-    nbytes[ti] = optional(ti, trailing(ti, _T["nbytes"]))
-    requested, received, runnable = (np.full(n, np.nan) for _ in _MOMENTS)
-    requested[ci] = moments(ci, _C["sent"])
-    received[ci] = moments(ci, _C["received"])
-    runnable[ci] = moments(ci, _C["runnable"])
-    requested[ti] = moments(ti, _T["requested"])
+    start[ci] = rows.numbers(ci, _C["start"], float)
+    stop[ci] = rows.numbers(ci, _C["stop"], float)
+    nbytes[ci] = rows.numbers(ci, _C["nbytes"], int)
+    thread[ci] = rows.optional_integers(ci, rows.field(ci, _C["thread"]))
+    root[ci] = rows.numbers(ci, _C["root"], int)
+    start[ti] = rows.numbers(ti, _T["start"], float)
+    stop[ti] = rows.numbers(ti, _T["stop"], float)
+    nbytes[ti] = rows.optional_integers(ti, rows.trailing(ti, _T["nbytes"]))
+    requested, received, runnable = (np.full(n, np.nan) for _ in MOMENTS)
+    requested[ci] = rows.optional_numbers(ci, _C["sent"])
+    received[ci] = rows.optional_numbers(ci, _C["received"])
+    runnable[ci] = rows.optional_numbers(ci, _C["runnable"])
+    requested[ti] = rows.optional_numbers(ti, _T["requested"])
     priority = np.full(n, np.nan)
-    priority[ci] = moments(ci, _C["priority"])
-    start[di] = stop[di] = numbers(di, _D["time"], float)
-    for name in ("mutation", "location", "reads"):  # annotations: one by one
-        bad[ci] |= _is_not_none(field(ci, _C[name]))
-    bad[ci] |= _is_not_none(trailing(ci, _C["io"]))  # a task that used files: one by one
-    bad[ci] |= _is_not_none(trailing(ci, _C["first_requested"]))  # and one sent again
-    c_inputs = field(ci, _C["inputs"])
-    if not set(map(type, c_inputs)) <= {tuple, list}:
-        bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)
-        c_inputs = [v if type(v) in (tuple, list) else () for v in c_inputs]
-    input_count = np.zeros(n, np.int64)
-    input_count[ci] = np.fromiter(map(len, c_inputs), np.int64, nc)
+    priority[ci] = rows.optional_numbers(ci, _C["priority"])
+    start[di] = stop[di] = rows.numbers(di, _D["time"], float)
+    return dict(start=start, stop=stop, nbytes=nbytes, thread=thread, root=root,
+                requested=requested, received=received, runnable=runnable, priority=priority)
 
-    # Every string, in one table: required ones must be strings, optional
-    # ones strings or None.
-    plain = np.flatnonzero(kind != OTHER)
-    keys = field(plain, _C["key"])  # the same place in every kind
+
+def _mark_annotated(rows: _Rows) -> None:
+    """Mark bad the computations that go one by one: annotated, that used files, sent again."""
+    ci = rows.compute
+    for name in ("mutation", "location", "reads"):  # annotations
+        rows.bad[ci] |= _is_not_none(rows.field(ci, _C[name]))
+    rows.bad[ci] |= _is_not_none(rows.trailing(ci, _C["io"]))
+    rows.bad[ci] |= _is_not_none(rows.trailing(ci, _C["first_requested"]))
+
+
+def _inputs(rows: _Rows) -> tuple[list, np.ndarray]:
+    """Each computation's inputs (a tuple or a list, else bad and none), and how many."""
+    ci, nc = rows.compute, len(rows.compute)
+    c_inputs = rows.field(ci, _C["inputs"])
+    if not set(map(type, c_inputs)) <= {tuple, list}:
+        rows.bad[ci] |= np.fromiter((type(v) not in (tuple, list) for v in c_inputs), bool, nc)
+        c_inputs = [v if type(v) in (tuple, list) else () for v in c_inputs]
+    input_count = np.zeros(rows.n, np.int64)
+    input_count[ci] = np.fromiter(map(len, c_inputs), np.int64, nc)
+    return c_inputs, input_count
+
+
+def _string_columns(rows: _Rows, c_inputs: list) -> tuple[list[str], dict[str, np.ndarray],
+                                                           np.ndarray]:
+    """Every string in one table: the table, the columns that index it, the inputs' indices.
+
+    Required strings (keys, locations) must be strings, else the event is
+    bad; optional ones strings or None.  An input that is not a string has
+    the index ``-1``, for :func:`_keep_bad_whole` to mark its computation.
+    """
+    n, ci, ti, di, bad = rows.n, rows.compute, rows.transfer, rows.delete, rows.bad
+    plain = np.flatnonzero(rows.kind != OTHER)
+    keys = rows.field(plain, _C["key"])  # the same place in every kind
     inputs = list(chain.from_iterable(c_inputs))
-    places = [field(ci, _C["worker"]), field(ti, _T["destination"]),
-              field(di, _D["location"]), field(ti, _T["source"])]
-    maybe = {name: field(ci, _C[name]) for name in ("label", "group", "origin")}
+    places = [rows.field(ci, _C["worker"]), rows.field(ti, _T["destination"]),
+              rows.field(di, _D["location"]), rows.field(ti, _T["source"])]
+    maybe = {name: rows.field(ci, _C[name]) for name in ("label", "group", "origin")}
     # A queued task: the task whose end freed its slot, and that task's worker.
-    maybe.update((name, trailing(ci, _C[name])) for name in ("released_by", "released_on"))
+    maybe.update((name, rows.trailing(ci, _C[name])) for name in ("released_by", "released_on"))
     strings, key_codes, name_codes = _string_table(keys + inputs, [*places, *maybe.values()])
-    key_, inputs = key_codes[:len(keys)], key_codes[len(keys):]
-    c_worker, t_target, d_location, t_source, *optional_names = name_codes
+    c_worker, t_target, d_location, t_source, *optional_codes = name_codes
     key = np.full(n, NONE, np.int64)
-    key[plain] = key_
+    key[plain] = key_codes[:len(keys)]
     location = np.full(n, NONE, np.int64)
     location[ci], location[ti], location[di] = c_worker, t_target, d_location
     source = np.full(n, NONE, np.int64)
     source[ti] = t_source
     bad |= (key < 0) | (location < 0)
     bad[ti] |= t_source < 0
+    columns = dict(key=key, location=location, source=source)
+    columns.update(_optional_string_columns(rows, maybe, optional_codes))
+    return strings, columns, key_codes[len(keys):]
+
+
+def _optional_string_columns(rows: _Rows, values: dict[str, list], codes: list[np.ndarray]
+                             ) -> dict[str, np.ndarray]:
+    """The columns of a computation's strings that may be None (``values``, by name).
+
+    ``codes`` are their indices in the string table; a computation with one
+    that is neither a string nor None is bad.
+    """
+    ci = rows.compute
+    columns = {}
+    for (name, given), found in zip(values.items(), codes):
+        column = np.full(rows.n, NONE, np.int64)
+        column[ci] = found
+        missing = np.flatnonzero(found < 0)
+        if len(missing) and given.count(None) != len(missing):  # not a string
+            named = _is_not_none(list(map(given.__getitem__, missing.tolist())))
+            rows.bad[ci[missing[named]]] = True
+        columns[name] = column
+    return columns
+
+
+def _keep_bad_whole(rows: _Rows, events: list, columns: dict[str, Any]) -> dict[str, Any]:
+    """``columns`` with the bad events (and a computation with an input not a string) whole.
+
+    They become ``OTHER``, lose their moments and inputs, and are kept in
+    ``others``, by position, as ``events`` holds them.
+    """
+    bad, ci, kind = rows.bad, rows.compute, rows.kind
+    input_count, inputs = columns["input_count"], columns["inputs"]
     input_event = np.repeat(ci, input_count[ci])
     bad[input_event[inputs < 0]] = True
-    columns = dict(zip(maybe, optional_names))
-    for name, values in columns.items():
-        column = np.full(n, NONE, np.int64)
-        column[ci] = values
-        missing = np.flatnonzero(values < 0)
-        if len(missing) and maybe[name].count(None) != len(missing):  # not a string
-            given = _is_not_none(list(map(maybe[name].__getitem__, missing.tolist())))
-            bad[ci[missing[given]]] = True
-        columns[name] = column
-
     kind[bad] = OTHER
-    for column in (requested, received, runnable, priority):
-        column[bad] = np.nan
-    dropped = bad[input_event]
+    for name in NOT_RECORDED:
+        columns[name][bad] = np.nan
+    columns["inputs"] = inputs[~bad[input_event]]
     input_count[bad] = 0
     whole = np.flatnonzero(kind == OTHER).tolist()
-    original = dict(zip(whole, map(originals.__getitem__, whole)))
-    return dict(strings=strings, kind=kind, key=key, location=location, source=source,
-                start=start, stop=stop, nbytes=nbytes, thread=thread, root=root,
-                input_count=input_count, inputs=inputs[~dropped], requested=requested,
-                received=received, runnable=runnable, priority=priority, others=original,
-                **columns)
+    columns["others"] = dict(zip(whole, map(events.__getitem__, whole)))
+    return columns
 
 
 def _string_table(keys: list, names: list[list]) -> tuple[list[str], np.ndarray,
@@ -280,6 +361,3 @@ def _numbers(column: list, number: type, optional: bool = False
         else:
             wrong[i] = True
     return out, wrong, absent
-
-
-_MOMENTS = ("requested", "received", "runnable")

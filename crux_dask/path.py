@@ -211,18 +211,87 @@ def _breakdown(steps: pd.DataFrame) -> dict[str, float]:
 
 def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,
            dst: np.ndarray, states: pd.DataFrame) -> pd.DataFrame:
+    """One row per step of a path: the frame of :meth:`CriticalPath.to_frame`.
+
+    Parameters
+    ----------
+    store : PAGStore
+    through_cause : numpy.ndarray
+        Whether each step came through a cause (else through a mutation).
+    ids : numpy.ndarray
+        The id of each step's cause or mutation.
+    src, dst : numpy.ndarray
+        The state each step goes from, and the state it goes to.
+    states : pandas.DataFrame
+        The path's states, first to last (one more than its steps).
+    """
     import pandas as pd
     n = len(ids)
     time = store.column("state_time", np.concatenate([src, dst]))
     src_time, stop = time[:n], time[n:]
     start = store.column("state_start", dst)
-    mids, cids = ids[~through_cause], ids[through_cause]
-    kind_code = np.empty(n, np.int64)
-    kind_code[~through_cause] = store.column("mutation_kind", mids)
-    kind_code[through_cause] = len(MutationKind) + store.column("cause_kind", cids)
-    kind = _KIND_NAMES[kind_code]
-    via = np.where(through_cause, _VIA[np.maximum(kind_code - len(MutationKind), 0)], "data")
-    # What made the target: a task for a cause step, else the mutation's kind.
+    kind_code = _kind_codes(store, through_cause, ids)
+    category, gathered = _categories(store, through_cause, kind_code, src, dst,
+                                     states["label"].iloc[1:].to_numpy())
+    return pd.DataFrame({
+        "step": np.arange(n),
+        "via": pd.Series(np.where(through_cause,
+                                  _VIA[np.maximum(kind_code - len(MutationKind), 0)], "data"),
+                         dtype="str"),
+        "mutation_id": np.where(through_cause, -1, ids),
+        "cause_id": np.where(through_cause, ids, -1),
+        "src": src,
+        "dst": dst,
+        "kind": pd.Series(_KIND_NAMES[kind_code], dtype="str"),
+        "category": pd.Series(category, dtype="str"),
+        "key": states["key"].iloc[1:].reset_index(drop=True),
+        "label": states["label"].iloc[1:].reset_index(drop=True),
+        "source": states["location"].iloc[:-1].reset_index(drop=True),
+        "destination": states["location"].iloc[1:].reset_index(drop=True),
+        "size": states["size"].iloc[1:].reset_index(drop=True),
+        "start": start,
+        "stop": stop,
+        **_cost_parts(store, through_cause, ids, dst, src_time, start, stop, category,
+                      gathered),
+    })
+
+
+def _kind_codes(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each step's kind, as an index into :data:`_KIND_NAMES`.
+
+    A mutation's kind is its :class:`~crux_dask.model.MutationKind`; a cause's,
+    its :class:`~crux_dask.model.CauseKind` after all the mutation kinds.
+    """
+    kind_code = np.empty(len(ids), np.int64)
+    kind_code[~through_cause] = store.column("mutation_kind", ids[~through_cause])
+    kind_code[through_cause] = len(MutationKind) + store.column("cause_kind", ids[through_cause])
+    return kind_code
+
+
+def _categories(store: PAGStore, through_cause: np.ndarray, kind_code: np.ndarray,
+                src: np.ndarray, dst: np.ndarray, labels: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The category of each step's busy part, and which steps are gathers.
+
+    Parameters
+    ----------
+    store : PAGStore
+    through_cause, kind_code : numpy.ndarray
+        Whether each step came through a cause, and its kind (:func:`_kind_codes`).
+    src, dst : numpy.ndarray
+        The state each step goes from, and the state it goes to.
+    labels : numpy.ndarray
+        The label of each step's ``dst``.
+
+    Returns
+    -------
+    category : numpy.ndarray
+        ``delete`` for a deletion; for a transfer ``transfer``, ``io`` (to or
+        from a file) or ``spill`` (to or from a disk), a P2P shuffle's shards
+        being a transfer; else ``compute`` (a cause step's target is a task's).
+    gathered : numpy.ndarray
+        Whether each step is a transfer to the client.
+    """
     classes = np.array([location_class(v) for v in store.locations.values] or [""], object)
     src_class = classes[store.column("state_location", src)]
     dst_class = classes[store.column("state_location", dst)]
@@ -232,10 +301,32 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     category[moved] = "transfer"
     category[moved & ((src_class == "file") | (dst_class == "file"))] = "io"
     category[moved & ((src_class == "disk") | (dst_class == "disk"))] = "spill"
-    category[moved & (states["label"].iloc[1:].to_numpy() == SHARDS_LABEL)] = "transfer"
+    category[moved & (labels == SHARDS_LABEL)] = "transfer"
+    return category, moved & (dst_class == "client")
+
+
+def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray,
+                dst: np.ndarray, src_time: np.ndarray, start: np.ndarray, stop: np.ndarray,
+                category: np.ndarray, gathered: np.ndarray) -> dict[str, np.ndarray]:
+    """Each step's ``cost`` and its parts: ``busy``, ``io`` and the gap's (:func:`_gap_parts`).
+
+    Parameters
+    ----------
+    store : PAGStore
+    through_cause, ids : numpy.ndarray
+        Whether each step came through a cause, and the id of its cause or mutation.
+    dst : numpy.ndarray
+        The state each step goes to.
+    src_time, start, stop : numpy.ndarray
+        When each step's first state was made, and when its operation started
+        and stopped.
+    category, gathered : numpy.ndarray
+        The category of each step's busy part, and whether it is a gather
+        (:func:`_categories`).
+    """
     cost = stop - src_time
-    busy = np.zeros(n)
-    busy[~through_cause] = store.column("mutation_busy", mids)
+    busy = np.zeros(len(ids))
+    busy[~through_cause] = store.column("mutation_busy", ids[~through_cause])
     busy[through_cause] = stop[through_cause] - start[through_cause]
     busy = np.minimum(np.maximum(busy, 0.0), np.maximum(cost, 0.0))
     gap = cost - busy
@@ -243,11 +334,35 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
     io = np.where(category == "compute", np.minimum(
         np.nan_to_num(store.column("state_io", dst)).clip(0.0), busy), 0.0)
     busy -= io
-    # The gap before the operation: explained where its moments were recorded.
+    is_fetch = (category == "transfer") & ~gathered
+    return {"cost": cost, "busy": busy, "io": io,
+            **_gap_parts(store, dst, gap, src_time, start, is_fetch, gathered)}
+
+
+def _gap_parts(store: PAGStore, dst: np.ndarray, gap: np.ndarray, src_time: np.ndarray,
+               start: np.ndarray, is_fetch: np.ndarray, gathered: np.ndarray
+               ) -> dict[str, np.ndarray]:
+    """The parts of each step's gap (its cost outside its operation).
+
+    ``client``, ``scheduling``, ``rescheduled``, ``queued`` and ``wait``, in
+    the order of the steps frame's columns: see the module's description.
+    Only the gap of a step whose moments were recorded is explained; the rest
+    of it, and a negative gap (clocks that disagree), is ``wait``.
+
+    Parameters
+    ----------
+    store : PAGStore
+    dst : numpy.ndarray
+        The state each step goes to.
+    gap : numpy.ndarray
+        Seconds of each step's cost outside its busy part and io.
+    src_time, start : numpy.ndarray
+        When each step's first state was made, and when its operation started.
+    is_fetch, gathered : numpy.ndarray
+        Whether each step is a transfer between workers, or to the client.
+    """
     requested = store.column("state_requested", dst)
     recorded = ~np.isnan(requested)
-    gathered = moved & (dst_class == "client")
-    is_fetch = (category == "transfer") & ~gathered
     explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
     # From the request to the start: a fetch waiting for its worker's transfer
     # capacity; a gather, the client told its data was ready and fetching it.
@@ -266,28 +381,5 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         requested - np.maximum(first, src_time), 0.0, explained - queued - client), 0.0)
     scheduling = np.where(recorded, explained - queued - client - rescheduled, 0.0)
     wait = gap - scheduling - rescheduled - queued - client
-    return pd.DataFrame({
-        "step": np.arange(n),
-        "via": pd.Series(via, dtype="str"),
-        "mutation_id": np.where(through_cause, -1, ids),
-        "cause_id": np.where(through_cause, ids, -1),
-        "src": src,
-        "dst": dst,
-        "kind": pd.Series(kind, dtype="str"),
-        "category": pd.Series(category, dtype="str"),
-        "key": states["key"].iloc[1:].reset_index(drop=True),
-        "label": states["label"].iloc[1:].reset_index(drop=True),
-        "source": states["location"].iloc[:-1].reset_index(drop=True),
-        "destination": states["location"].iloc[1:].reset_index(drop=True),
-        "size": states["size"].iloc[1:].reset_index(drop=True),
-        "start": start,
-        "stop": stop,
-        "cost": cost,
-        "busy": busy,
-        "io": io,
-        "client": client,
-        "scheduling": scheduling,
-        "rescheduled": rescheduled,
-        "queued": queued,
-        "wait": wait,
-    })
+    return {"client": client, "scheduling": scheduling, "rescheduled": rescheduled,
+            "queued": queued, "wait": wait}

@@ -72,43 +72,14 @@ def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
         If the ids or the mutation kinds are not valid.
     """
     n = len(state_id)
-    if not np.array_equal(state_id, np.arange(n)):
-        raise ValueError(f"run {run_id}: state ids must be 0..{n - 1}")
-    if len(src) and (src.min() < 0 or dst.max() >= n):
-        raise ValueError(f"run {run_id}: a mutation refers to a state that does not exist")
-    if np.any(src >= dst):
-        raise ValueError(f"run {run_id}: every mutation must go from a lower to a higher "
-                         "state id")
-    try:
-        kind_of_value = np.array([int(MutationKind.parse(k)) for k in kind[1]] + [-1],
-                                 dtype="int8")
-    except ValueError as error:
-        raise ValueError(f"run {run_id}: {error}") from None
-    kinds = kind_of_value[kind[0]]
-    if np.any(kinds < 0):
-        raise ValueError(f"run {run_id}: a mutation has no kind")
+    _check_ids(run_id, state_id, src, dst)
+    kinds = _mutation_kinds(run_id, kind)
     c_src, c_dst, c_kind = _causes(run_id, causes, n)
-
     store = PAGStore(run_id)
-    key_codes = _into(store.keys, key)
-    # Label and origin belong to the key: take them from each key's first state.
-    first_of_key = np.unique(key_codes, return_index=True)[1]
-    _fill(store.key_label, _into(store.labels, label)[first_of_key])
-    _fill(store.key_origin, _into(store.labels, origin)[first_of_key])
-    # A state starts when the operation that created it started.
-    state_start = time.copy()
-    state_start[dst[::-1]] = start[::-1]
-    ready = _ready_times(time, state_start, src, dst, kinds)
-    _fill(store.state_time, time)
-    _fill(store.state_start, state_start)
-    _fill(store.state_ready, ready)
+    _fill_names(store, key, label, origin, location, worker)
+    _fill_times(store, n, time, start, src, dst, kinds)
     _fill(store.state_size, size)
-    _fill(store.state_key, key_codes)
-    _fill(store.state_location, _into(store.locations, location))
-    _fill(store.state_worker, _into(store.workers, worker))
     _fill(store.state_thread, thread)
-    _fill(store.state_pred, rules.last_arriving_per_target(ready[src], np.arange(len(src)),
-                                                           dst, n))
     _fill(store.mutation_src, src)
     _fill(store.mutation_dst, dst)
     _fill(store.mutation_kind, kinds)
@@ -121,6 +92,78 @@ def store_from_columns(run_id: str, *, state_id: np.ndarray, time: np.ndarray,
     _fill(store.cause_dst, c_dst)
     _fill(store.cause_kind, c_kind)
     return store
+
+
+def _check_ids(run_id: str, state_id: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+    """Check that the states are ``0..n-1`` and each mutation goes to a later state.
+
+    Raises
+    ------
+    ValueError
+        If they are not.
+    """
+    n = len(state_id)
+    if not np.array_equal(state_id, np.arange(n)):
+        raise ValueError(f"run {run_id}: state ids must be 0..{n - 1}")
+    if len(src) and (src.min() < 0 or dst.max() >= n):
+        raise ValueError(f"run {run_id}: a mutation refers to a state that does not exist")
+    if np.any(src >= dst):
+        raise ValueError(f"run {run_id}: every mutation must go from a lower to a higher "
+                         "state id")
+
+
+def _mutation_kinds(run_id: str, kind: tuple) -> np.ndarray:
+    """The :class:`~crux_dask.model.MutationKind` of each mutation, from a string column.
+
+    Raises
+    ------
+    ValueError
+        If a kind is unknown or missing.
+    """
+    try:
+        kind_of_value = np.array([int(MutationKind.parse(k)) for k in kind[1]] + [-1],
+                                 dtype="int8")
+    except ValueError as error:
+        raise ValueError(f"run {run_id}: {error}") from None
+    kinds = kind_of_value[kind[0]]
+    if np.any(kinds < 0):
+        raise ValueError(f"run {run_id}: a mutation has no kind")
+    return kinds
+
+
+def _fill_names(store: PAGStore, key: tuple, label: tuple, origin: tuple, location: tuple,
+                worker: tuple) -> None:
+    """Fill the string columns: each state's key, location and worker, each key's label and origin.
+
+    Each comes as a ``(codes, values)`` pair, one code per state.
+    """
+    key_codes = _into(store.keys, key)
+    # Label and origin belong to the key: take them from each key's first state.
+    first_of_key = np.unique(key_codes, return_index=True)[1]
+    _fill(store.key_label, _into(store.labels, label)[first_of_key])
+    _fill(store.key_origin, _into(store.labels, origin)[first_of_key])
+    _fill(store.state_key, key_codes)
+    _fill(store.state_location, _into(store.locations, location))
+    _fill(store.state_worker, _into(store.workers, worker))
+
+
+def _fill_times(store: PAGStore, n: int, time: np.ndarray, start: np.ndarray,
+                src: np.ndarray, dst: np.ndarray, kinds: np.ndarray) -> None:
+    """Fill each state's time, and what the builder derives from the times.
+
+    That is each state's start (of the mutation that made it), ready time and
+    last-arriving input (of ``n`` states); ``time`` is of the states, ``start``
+    of the mutations.
+    """
+    # A state starts when the operation that created it started.
+    state_start = time.copy()
+    state_start[dst[::-1]] = start[::-1]
+    ready = _ready_times(time, state_start, src, dst, kinds)
+    _fill(store.state_time, time)
+    _fill(store.state_start, state_start)
+    _fill(store.state_ready, ready)
+    _fill(store.state_pred, rules.last_arriving_per_target(ready[src], np.arange(len(src)),
+                                                           dst, n))
 
 
 def _causes(run_id: str, causes: tuple | None, n: int

@@ -38,11 +38,84 @@ def extract(store: PAGStore, end: int) -> Run:
     ValueError
         If the run has no tasks, or no timing.
     """
-    thread = store.column("state_thread")
-    worker_code = store.column("state_worker")
-    is_task = (thread != NO_THREAD) & (worker_code != NO_CODE)
     time = store.column("state_time")
     start = store.column("state_start")
+    order, task_of = _tasks(store, time, start)
+    n = len(order)
+    src = store.column("mutation_src").astype(np.int64)
+    dst = store.column("mutation_dst").astype(np.int64)
+    kind = store.column("mutation_kind")
+    busy = store.column("mutation_busy")
+    where = _location_classes(store)
+    transfers = np.flatnonzero(kind == _TRANSFER)
+    origin_state, copied = _computed_states(store.n_states, src[transfers], dst[transfers])
+
+    # Inputs: the mutations into each task, their sources traced to the tasks that made them.
+    into = np.flatnonzero((task_of[dst] >= 0) & (kind != _TRANSFER) & (kind != _DELETE))
+    consumer, sources = task_of[dst[into]], src[into]
+    edges, dep_ptr = _dependencies(consumer, task_of[origin_state[sources]], n)
+    roots = np.unique(sources[where[sources] == "root"])
+    origin = float(time[roots].min()) if len(roots) else float(time[order].min())
+    worker_index, workers_used, workers, threads = _workers(store, order)
+
+    received = store.column("state_received", order)
+    received = np.where(np.isfinite(received), received, start[order])
+    gaps = _gaps(start[order], received,
+                 data_t=_latest(n, consumer, time[sources]),
+                 deps_t=_latest(n, consumer, time[origin_state[sources]]),
+                 prev_t=_previous_stop(worker_index, store.column("state_thread", order),
+                                       start[order], time[order]),
+                 slot_t=_slot_release(store, task_of, time, n),
+                 has_deps=np.diff(dep_ptr) > 0, origin=origin)
+    gaps.fetch = _fetch_lag(store, into, copied[sources], received, consumer, src)
+    latency, bandwidth = _transfer_model(store, transfers, src, dst, busy, where)
+    spill = _spill(store, transfers, src, dst, busy, where, order, task_of, worker_index,
+                   workers_used, origin_state, into)
+    outputs, output_delay = _outputs(time, order, task_of, origin_state,
+                                     dst[transfers[where[dst[transfers]] == "client"]])
+    makespan = float(time[end] - origin) if end >= 0 else 0.0
+    if not makespan > 0:
+        raise ValueError("the run has no timing: its end is not after its root")
+    key_label = store.column("key_label")
+    return Run(store, order, np.maximum(time[order] - start[order], 0.0), spill,
+               store.column("state_size", order), key_label[store.column("state_key", order)],
+               worker_index, dep_ptr, edges[1].astype(np.int64), workers, threads, gaps,
+               latency, bandwidth, outputs, output_delay, origin, makespan)
+
+
+def _location_classes(store: PAGStore) -> np.ndarray:
+    """The class of each state's location (:func:`~crux_dask.model.location_class`; NO_CODE: "")."""
+    classes = np.array([location_class(v) for v in store.locations.values] + [""], object)
+    return classes[store.column("state_location")]
+
+
+def _tasks(store: PAGStore, time: np.ndarray, start: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The run's tasks (states computed on a worker thread), in the order of the replay.
+
+    Tasks are ranked by the priorities Dask gave them (by their recorded
+    starts if a task has none), ties by their start, then their state id.
+
+    Parameters
+    ----------
+    store : PAGStore
+    time, start : numpy.ndarray
+        Each state's time and start.
+
+    Returns
+    -------
+    order : numpy.ndarray
+        The state of each task, in order.
+    task_of : numpy.ndarray
+        Each state's task (its index in ``order``); -1 for a state that is no task.
+
+    Raises
+    ------
+    ValueError
+        If the run has no tasks, or they have no timing.
+    """
+    is_task = ((store.column("state_thread") != NO_THREAD)
+               & (store.column("state_worker") != NO_CODE))
     if not is_task.any():
         raise ValueError("the run has no tasks computed on a worker thread to replay")
     task_ids = np.flatnonzero(is_task)
@@ -51,93 +124,134 @@ def extract(store: PAGStore, end: int) -> Run:
     priority = store.column("state_priority", task_ids)
     rank = priority if np.isfinite(priority).all() else start[task_ids]
     order = task_ids[np.lexsort((task_ids, start[task_ids], rank))]
-    n_states = store.n_states
-    task_of = np.full(n_states, -1, np.int64)
+    task_of = np.full(store.n_states, -1, np.int64)
     task_of[order] = np.arange(len(order))
+    return order, task_of
 
-    src = store.column("mutation_src").astype(np.int64)
-    dst = store.column("mutation_dst").astype(np.int64)
-    kind = store.column("mutation_kind")
-    busy = store.column("mutation_busy")
-    location = store.column("state_location")
-    classes = np.array([location_class(v) for v in store.locations.values] + [""], object)
-    where = classes[location]  # the class of each state's location (NO_CODE -> "")
 
-    # Each copy's computed state: TRANSFER steps followed back by pointer jumping.
-    made_by = np.full(n_states, -1, np.int64)
-    transfers = np.flatnonzero(kind == _TRANSFER)
-    made_by[dst[transfers]] = transfers
+def _computed_states(n_states: int, copy_src: np.ndarray, copy_dst: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Each state's computed state, followed back through the transfers that copied it.
+
+    Parameters
+    ----------
+    n_states : int
+    copy_src, copy_dst : numpy.ndarray
+        The source and the copy of each transfer.
+
+    Returns
+    -------
+    origin_state : numpy.ndarray
+        Of each state, the computed state it is a copy of (itself if it is no copy).
+    copied : numpy.ndarray
+        Whether each state is a copy.
+    """
+    copied = np.zeros(n_states, bool)
+    copied[copy_dst] = True
     origin_state = np.arange(n_states)
-    copies = dst[transfers]
-    origin_state[copies] = src[transfers]
-    while True:
+    origin_state[copy_dst] = copy_src
+    while True:  # pointer jumping
         jumped = origin_state[origin_state]
         if np.array_equal(jumped, origin_state):
-            break
+            return origin_state, copied
         origin_state = jumped
 
-    # Inputs: the mutations into each task, their sources traced to the tasks that made them.
-    into = np.flatnonzero(is_task[dst] & (kind != _TRANSFER) & (kind != _DELETE))
-    consumer = task_of[dst[into]]
-    producer = task_of[origin_state[src[into]]]
-    arrival = time[src[into]]
-    readiness = time[origin_state[src[into]]]
-    n = len(order)
-    data_t = np.full(n, -np.inf)
-    np.maximum.at(data_t, consumer, arrival)
-    deps_t = np.full(n, -np.inf)
-    np.maximum.at(deps_t, consumer, readiness)
-    fetched = made_by[src[into]] >= 0
+
+def _latest(n: int, consumer: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Of each of ``n`` tasks, the latest ``times`` of its inputs (-inf if it has none)."""
+    latest = np.full(n, -np.inf)
+    np.maximum.at(latest, consumer, times)
+    return latest
+
+
+def _dependencies(consumer: np.ndarray, producer: np.ndarray, n: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The input tasks of each of ``n`` tasks, as compressed rows.
+
+    Parameters
+    ----------
+    consumer, producer : numpy.ndarray
+        Of each input, the task it goes into and the task that made it (-1 for
+        data no task made, left out).
+    n : int
+
+    Returns
+    -------
+    edges : numpy.ndarray
+        The distinct ``(consumer, producer)`` pairs, as two sorted rows.
+    dep_ptr : numpy.ndarray
+        Task ``i``'s pairs are the columns ``dep_ptr[i]:dep_ptr[i + 1]``.
+    """
     edges = np.unique(np.stack([consumer, producer])[:, producer >= 0], axis=1)
-    dep_ptr = np.searchsorted(edges[0], np.arange(n + 1)).astype(np.int64)
+    return edges, np.searchsorted(edges[0], np.arange(n + 1)).astype(np.int64)
 
-    roots = np.unique(src[into][where[src[into]] == "root"])
-    origin = float(time[roots].min()) if len(roots) else float(time[order].min())
 
-    # Workers and threads.
-    workers_used = np.unique(worker_code[order])
-    worker_index = np.searchsorted(workers_used, worker_code[order])
+def _workers(store: PAGStore, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, list, int]:
+    """The workers that ran the tasks, and their threads.
+
+    Returns
+    -------
+    worker_index : numpy.ndarray
+        Of each task, its worker's index in ``workers``.
+    workers_used : numpy.ndarray
+        The workers' codes (``store.workers``).
+    workers : list of str
+        The workers' addresses.
+    threads : int
+        The most distinct threads any worker ran tasks on.
+    """
+    worker_code = store.column("state_worker", order)
+    workers_used = np.unique(worker_code)
+    worker_index = np.searchsorted(workers_used, worker_code)
     workers = [store.workers.values[w] for w in workers_used]
-    lanes = np.unique(np.stack([worker_index, thread[order]]), axis=1)
-    threads = int(np.bincount(lanes[0]).max())
+    lanes = np.unique(np.stack([worker_index, store.column("state_thread", order)]), axis=1)
+    return worker_index, workers_used, workers, int(np.bincount(lanes[0]).max())
 
-    # The task before each on its thread, and the slot that released each.
-    lane_order = np.lexsort((start[order], thread[order], worker_index))
-    prev_t = np.full(n, -np.inf)
-    same_lane = ((worker_index[lane_order][1:] == worker_index[lane_order][:-1])
-                 & (thread[order][lane_order][1:] == thread[order][lane_order][:-1]))
-    prev_t[lane_order[1:][same_lane]] = time[order][lane_order[:-1][same_lane]]
-    slot_t = np.full(n, -np.inf)
-    cause_kind = store.column("cause_kind")
-    slots = cause_kind == int(CauseKind.SLOT)
+
+def _previous_stop(worker: np.ndarray, thread: np.ndarray, start: np.ndarray,
+                   stop: np.ndarray) -> np.ndarray:
+    """Of each task, when the task before it on its thread stopped (-inf for the first).
+
+    All four are of the tasks: their worker's index, thread, start and stop.
+    """
+    lane_order = np.lexsort((start, thread, worker))
+    previous = np.full(len(worker), -np.inf)
+    same_lane = ((worker[lane_order][1:] == worker[lane_order][:-1])
+                 & (thread[lane_order][1:] == thread[lane_order][:-1]))
+    previous[lane_order[1:][same_lane]] = stop[lane_order[:-1][same_lane]]
+    return previous
+
+
+def _slot_release(store: PAGStore, task_of: np.ndarray, time: np.ndarray, n: int
+                  ) -> np.ndarray:
+    """Of each of ``n`` tasks, when the task that freed its queue slot stopped (-inf if none)."""
+    released = np.full(n, -np.inf)
+    slots = store.column("cause_kind") == int(CauseKind.SLOT)
     slot_dst = task_of[store.column("cause_dst")[slots]]
-    slot_t[slot_dst[slot_dst >= 0]] = time[store.column("cause_src")[slots][slot_dst >= 0]]
+    released[slot_dst[slot_dst >= 0]] = time[store.column("cause_src")[slots][slot_dst >= 0]]
+    return released
 
-    duration = time[order] - start[order]
-    has_deps = np.diff(dep_ptr) > 0
-    received = store.column("state_received", order)
-    received = np.where(np.isfinite(received), received, start[order])
-    gaps = _gaps(start[order], received, data_t, deps_t, prev_t, slot_t, has_deps, origin)
-    gaps.fetch = _fetch_lag(store, into, fetched, received, consumer, src)
-    latency, bandwidth = _transfer_model(store, transfers, src, dst, busy, where)
-    spill = _spill(store, transfers, src, dst, busy, where, order, task_of, worker_index,
-                   workers_used, origin_state, into)
 
-    to_client = transfers[where[dst[transfers]] == "client"]
-    out_task = task_of[origin_state[dst[to_client]]]
+def _outputs(time: np.ndarray, order: np.ndarray, task_of: np.ndarray,
+             origin_state: np.ndarray, gathered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tasks whose results the client gathered, and each one's delay.
+
+    The client gathers its results once they are all computed: a result's
+    delay is the seconds from the last of them computed to its arrival.
+
+    Parameters
+    ----------
+    time, order, task_of, origin_state : numpy.ndarray
+        Each state's time, the tasks' states, each state's task and the state
+        each state is a copy of.
+    gathered : numpy.ndarray
+        The copies made on the client.
+    """
+    out_task = task_of[origin_state[gathered]]
     keep = out_task >= 0
     outputs = out_task[keep]
-    # The client gathers its results once they are all computed.
     last = time[order][outputs].max() if len(outputs) else 0.0
-    output_delay = np.maximum(time[dst[to_client]][keep] - last, 0.0)
-    makespan = float(time[end] - origin) if end >= 0 else 0.0
-    if not makespan > 0:
-        raise ValueError("the run has no timing: its end is not after its root")
-    key_label = store.column("key_label")
-    return Run(store, order, np.maximum(duration, 0.0), spill,
-               store.column("state_size", order), key_label[store.column("state_key", order)],
-               worker_index, dep_ptr, edges[1].astype(np.int64), workers, threads, gaps,
-               latency, bandwidth, outputs, output_delay, origin, makespan)
+    return outputs, np.maximum(time[gathered][keep] - last, 0.0)
 
 
 def _median(values: np.ndarray) -> float:

@@ -163,27 +163,48 @@ class GroupFold:
     # -- drawing --------------------------------------------------------------------
     def _drawn(self, store: PAGStore, path: CriticalPath) -> tuple[dict, dict, dict]:
         """Columns of the nodes, the edges and the path's edges."""
-        steps = path.steps
-        on_path: dict[int, dict[str, float]] = {}
-        sequence: list[int] = []
-        if len(steps):
-            groups = self._groups(store, steps["dst"].to_numpy())
-            visited, where = np.unique(groups, return_inverse=True)
-            # Seconds of each group on the path, by category: busy parts, then the gaps.
-            seconds = np.zeros((len(visited), len(CATEGORIES)))
-            column = {c: i for i, c in enumerate(CATEGORIES)}
-            np.add.at(seconds, (where, steps["category"].map(column).to_numpy()),
-                      steps["busy"].to_numpy())
-            for part in PARTS:
-                seconds[:, column[part]] += np.bincount(where, steps[part].to_numpy(),
-                                                        len(visited))
-            on_path = {g: dict(zip(CATEGORIES, row))
-                       for g, row in zip(visited.tolist(), seconds.tolist())}
-            first = self._groups(store, steps["src"].to_numpy()[:1])
-            chain = np.concatenate([first, groups])
-            sequence = chain[np.r_[True, chain[1:] != chain[:-1]]].tolist()
+        on_path, sequence = self._path_through_groups(store, path)
         by_size = sorted(self._count, key=self._count.__getitem__, reverse=True)
         shown = list(dict.fromkeys([*sequence, *by_size]))[: self.max_groups]
+        x, y = self._positions(shown)
+        visible = set(shown)
+        return (self._node_columns(shown, x, y, on_path), self._edge_columns(visible, x, y),
+                _path_edge_columns(sequence, visible, x, y))
+
+    def _path_through_groups(self, store: PAGStore, path: CriticalPath
+                             ) -> tuple[dict[int, dict[str, float]], list[int]]:
+        """The seconds the path spends in each group it goes through, and those groups.
+
+        Returns
+        -------
+        on_path : dict
+            Group code -> seconds of the path in it by category: its busy
+            categories, then the gaps (:data:`~crux_dask.path.PARTS`).
+        sequence : list of int
+            The groups in the order the path goes through them, each run of
+            one group once.
+        """
+        steps = path.steps
+        if not len(steps):
+            return {}, []
+        groups = self._groups(store, steps["dst"].to_numpy())
+        visited, where = np.unique(groups, return_inverse=True)
+        seconds = np.zeros((len(visited), len(CATEGORIES)))
+        column = {c: i for i, c in enumerate(CATEGORIES)}
+        np.add.at(seconds, (where, steps["category"].map(column).to_numpy()),
+                  steps["busy"].to_numpy())
+        for part in PARTS:
+            seconds[:, column[part]] += np.bincount(where, steps[part].to_numpy(),
+                                                    len(visited))
+        on_path = {g: dict(zip(CATEGORIES, row))
+                   for g, row in zip(visited.tolist(), seconds.tolist())}
+        first = self._groups(store, steps["src"].to_numpy()[:1])
+        chain = np.concatenate([first, groups])
+        return on_path, chain[np.r_[True, chain[1:] != chain[:-1]]].tolist()
+
+    def _positions(self, shown: list[int]) -> tuple[dict[int, float], dict[int, float]]:
+        """Where each group shown is: its layer across, and down the layer the groups
+        in the order they first appeared, centred on zero."""
         layer = self.layers()
         rows: dict[int, list[int]] = defaultdict(list)
         for g in sorted(shown, key=lambda g: self._first.get(g, 0.0)):
@@ -192,8 +213,14 @@ class GroupFold:
         for depth, members in rows.items():
             for i, g in enumerate(members):
                 x[g], y[g] = depth, i - (len(members) - 1) / 2
+        return x, y
+
+    def _node_columns(self, shown: list[int], x: dict[int, float], y: dict[int, float],
+                      on_path: dict[int, dict[str, float]]) -> dict[str, list]:
+        """Columns of the nodes: one per group shown, coloured by where the path's time
+        in it mostly went (grey off the path)."""
         dominant = {g: max(seconds, key=seconds.__getitem__) for g, seconds in on_path.items()}
-        nodes = {
+        return {
             "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
             "label": [self._names[g] for g in shown],
             "name": [key_label(self._names[g])[:20] for g in shown],
@@ -205,23 +232,21 @@ class GroupFold:
             "dominant": [dominant.get(g, OFF_PATH_LABEL) for g in shown],
             "on_path": [sum(on_path[g].values()) if g in on_path else 0.0 for g in shown],
         }
-        visible = set(shown)
+
+    def _edge_columns(self, visible: set[int], x: dict[int, float], y: dict[int, float]
+                      ) -> dict[str, list]:
+        """Columns of the edges between groups shown: the ``max_edges`` that count the
+        most mutations, more opaque the more they count."""
         edges = sorted(((c, e) for e, c in self._edge_count.items()
                         if e[0] in visible and e[1] in visible), reverse=True)
         edges = edges[: self.max_edges]
         top = edges[0][0] if edges else 1
-        edge_columns = {
+        return {
             "x0": [x[a] for _, (a, b) in edges], "y0": [y[a] for _, (a, b) in edges],
             "x1": [x[b] for _, (a, b) in edges], "y1": [y[b] for _, (a, b) in edges],
             "count": [c for c, _ in edges],
             "alpha": [0.15 + 0.6 * c / top for c, _ in edges],
         }
-        hops = [(a, b) for a, b in pairwise(sequence) if a in visible and b in visible]
-        path_edges = {
-            "x0": [x[a] for a, _ in hops], "y0": [y[a] for a, _ in hops],
-            "x1": [x[b] for _, b in hops], "y1": [y[b] for _, b in hops],
-        }
-        return nodes, edge_columns, path_edges
 
     def states_of(self, store: PAGStore, group: int) -> dict[str, list]:
         """Columns of the states of one group folded in, the first ``max_details``."""
@@ -230,6 +255,16 @@ class GroupFold:
         frame = store.states_frame(ids)
         return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
                 for c in DETAIL_COLUMNS}
+
+
+def _path_edge_columns(sequence: list[int], visible: set[int], x: dict[int, float],
+                       y: dict[int, float]) -> dict[str, list]:
+    """Columns of the path's edges: each hop of ``sequence`` between groups shown."""
+    hops = [(a, b) for a, b in pairwise(sequence) if a in visible and b in visible]
+    return {
+        "x0": [x[a] for a, _ in hops], "y0": [y[a] for a, _ in hops],
+        "x1": [x[b] for _, b in hops], "y1": [y[b] for _, b in hops],
+    }
 
 
 def _states_of(store: PAGStore, end: int, fold: GroupFold, group: int) -> dict[str, list]:

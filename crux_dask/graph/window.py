@@ -56,145 +56,267 @@ def apply_window(builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -
 
 class Window:
     """One window: planned in ``__init__`` (no side effects), applied by
-    :func:`~crux_dask.graph.commit.commit`."""
+    :func:`~crux_dask.graph.commit.commit`.
+
+    The plan is made in steps, one method each, in the order ``__init__``
+    calls them.  Each step computes one part of the plan for every candidate
+    event (those before the first event of kind ``OTHER``) and marks in
+    ``_scalar_only`` the events it must leave to the scalar path;
+    :meth:`_take_prefix` then cuts every part to the ``n`` events before the
+    first one marked, the events the window takes.  The parts of the plan
+    that :func:`~crux_dask.graph.commit.commit` reads are public attributes;
+    those only the steps share are private.
+    """
 
     def __init__(self, builder: PAGBuilder, columns: EventColumns, lo: int, hi: int) -> None:
         self.builder = builder
-        store = builder.store
-        kinds = columns.kind[lo:hi]
-        n = arrays.first(kinds == OTHER, len(kinds))
-        kinds = kinds[:n]
-        ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (COMPUTE, TRANSFER, DELETE))
-        nc = len(ci)
-        at_c, at_t, at_d = lo + ci, lo + ti, lo + di
-        bad = np.zeros(n, bool)  # events the window leaves to the scalar path
+        self.names = columns.strings
+        at_c, at_t, at_d = self._split_by_kind(columns, lo, hi)
+        c_key_index = self._find_keys(columns, lo, at_c)
+        self._code_places(columns, at_c, at_t, at_d)
+        self._code_labels(columns, at_c)
+        self._check_keys_are_new(c_key_index)
+        self._look_up_sources()
+        self._check_shuffles()
+        self._find_roots(columns, at_c)
+        self._check_waited_for()
+        self._take_prefix(columns, at_c, at_t, at_d)
 
-        # A key is its index in the strings; ``first_event`` is the event of
-        # the window that first writes it (``n`` for keys it does not write).
-        names = self.names = columns.strings
-        ev_key = columns.key[lo:lo + n]
+    def _split_by_kind(self, columns: EventColumns, lo: int, hi: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Take the candidate events of ``columns[lo:hi]`` and split them by kind.
+
+        Sets ``kinds``; the positions in the window of the computations,
+        transfers and deletions (``ci``, ``ti``, ``di``); and
+        ``_scalar_only``, with no event marked yet.  Returns their positions in
+        ``columns``.
+        """
+        kinds = columns.kind[lo:hi]
+        self.kinds = kinds = kinds[:arrays.first(kinds == OTHER, len(kinds))]
+        ci, ti, di = (np.flatnonzero(kinds == kind) for kind in (COMPUTE, TRANSFER, DELETE))
+        self.ci, self.ti, self.di = ci, ti, di
+        self._scalar_only = np.zeros(len(kinds), bool)
+        return lo + ci, lo + ti, lo + di
+
+    def _find_keys(self, columns: EventColumns, lo: int, at_c: np.ndarray) -> np.ndarray:
+        """Find the keys of the events and of the computations' inputs.
+
+        A key is its index in the strings; ``at_c`` are the computations'
+        positions in ``columns``.  Sets ``ev_key``; ``first_event``, the event
+        of the window that first writes each key (``n`` for keys it does not
+        write); ``_input_key``, the inputs' keys, and ``n_inputs``, how many
+        each computation takes; and ``c_key``, the computations' keys as
+        strings.  Returns the computations' keys as indices.
+        """
+        n, names = len(self.kinds), self.names
+        self.ev_key = ev_key = columns.key[lo:lo + n]
         first_event = np.full(len(names), n, np.int64)
         np.minimum.at(first_event, ev_key, np.arange(n))
         self.first_event = first_event
         offset = columns.input_offset
-        input_key = columns.inputs[offset[lo]:offset[lo + n]]
-        n_inputs = columns.input_count[at_c]
-        c_key_index = ev_key[ci]
-        c_key = list(map(names.__getitem__, c_key_index.tolist()))
-        c_worker = columns.location[at_c]
-        c_memory = arrays.codes(columns, "memory", builder, c_worker, builder.places.memory.get)
-        location = store.locations.codes.get
+        self._input_key = columns.inputs[offset[lo]:offset[lo + n]]
+        self.n_inputs = columns.input_count[at_c]
+        c_key_index = ev_key[self.ci]
+        self.c_key = list(map(names.__getitem__, c_key_index.tolist()))
+        return c_key_index
+
+    def _code_places(self, columns: EventColumns, at_c: np.ndarray, at_t: np.ndarray,
+                     at_d: np.ndarray) -> None:
+        """Find the codes of the places the events name, and where each event writes.
+
+        ``at_c``, ``at_t`` and ``at_d`` are the positions in ``columns`` of
+        the computations, transfers and deletions.  Sets ``c["memory"]``, each
+        computation's worker's memory, and ``t["source"]``, each transfer's
+        source; ``ev_location``, where each event writes (the memory, a
+        transfer's target, the place of a deletion); ``queued``, the
+        computations queued for a slot of their worker, which the task
+        ``released_by`` freed when it ended, and that task's key
+        (``_releaser_key``) and its worker's memory (``_releaser_memory``, from
+        ``released_on``).
+        """
+        builder, scalar_only = self.builder, self._scalar_only
+        ci, ti, di = self.ci, self.ti, self.di
+        memory, location = builder.places.memory.get, builder.store.locations.codes.get
 
         def location_codes(indices: np.ndarray) -> np.ndarray:
             return arrays.codes(columns, "location", builder, indices, location)
 
-        # A queued task: the task whose end freed its slot, held in that task's worker's memory.
-        c_released_by, c_released_on = columns.released_by[at_c], columns.released_on[at_c]
-        queued = np.flatnonzero(c_released_by >= 0)
-        bad[ci] |= (c_released_by >= 0) != (c_released_on >= 0)  # one without the other
-        releaser_memory = arrays.codes(columns, "memory", builder, c_released_on[queued],
-                                       builder.places.memory.get)
-        bad[ci[queued]] |= releaser_memory < 0
-        t_source_code = location_codes(columns.source[at_t])
-        t_target_code = location_codes(columns.location[at_t])
-        d_location_code = location_codes(columns.location[at_d])
-        bad[ci] |= c_memory < 0
-        bad[ti] |= (t_source_code < 0) | (t_target_code < 0)
-        bad[ti] |= t_target_code == builder.places.root
-        bad[di] |= d_location_code < 0
-        c_label_code, self.new_labels = self._labels(columns, at_c, c_key)
-        bad[ci] |= c_label_code < 0
-        labels = store.labels.codes.get
-        c_group_code, c_origin_code = c_label_code, c_label_code
-        c_group = columns.group[at_c]
-        if (c_group >= 0).any():
-            c_group_code = np.where(c_group < 0, c_label_code,
-                                    arrays.codes(columns, "label", builder, c_group, labels))
-            bad[ci] |= (c_group_code < 0) & (n_inputs == 1)
-        c_origin = columns.origin[at_c]
-        if (c_origin >= 0).any():
-            c_origin_code = np.where(c_origin < 0, c_label_code,
-                                     arrays.codes(columns, "label", builder, c_origin, labels))
-            bad[ci] |= c_origin_code < 0
+        c_memory = arrays.codes(columns, "memory", builder, columns.location[at_c], memory)
+        released_by, released_on = columns.released_by[at_c], columns.released_on[at_c]
+        self.queued = queued = np.flatnonzero(released_by >= 0)
+        scalar_only[ci] |= (released_by >= 0) != (released_on >= 0)  # one without the other
+        self._releaser_key = released_by[queued]
+        self._releaser_memory = arrays.codes(columns, "memory", builder, released_on[queued],
+                                             memory)
+        scalar_only[ci[queued]] |= self._releaser_memory < 0
+        t_source = location_codes(columns.source[at_t])
+        t_target = location_codes(columns.location[at_t])
+        d_location = location_codes(columns.location[at_d])
+        scalar_only[ci] |= c_memory < 0
+        scalar_only[ti] |= (t_source < 0) | (t_target < 0)
+        scalar_only[ti] |= t_target == builder.places.root
+        scalar_only[di] |= d_location < 0
+        self.c, self.t = {"memory": c_memory}, {"source": t_source}
+        self.ev_location = ev_location = np.empty(len(self.kinds), np.int64)
+        ev_location[ci], ev_location[ti], ev_location[di] = c_memory, t_target, d_location
 
-        # A routine computation creates its key: nothing holds it before, in or
-        # before the window (else the key's code and copies need the scalar path).
-        bad[ci] |= np.fromiter(map(builder.holdings.newest.__contains__, c_key), bool, nc)
-        bad[ci] |= first_event[c_key_index] != ci
+    def _code_labels(self, columns: EventColumns, at_c: np.ndarray) -> None:
+        """Find the label codes of the computations, and of their groups and origins.
 
-        # What each lookup finds: inputs, a transfer's source and target, a release.
-        n_locations = len(store.locations) + 1
-        ev_location = np.empty(n, np.int64)
-        ev_location[ci], ev_location[ti], ev_location[di] = (
-            c_memory, t_target_code, d_location_code)
-        ev_slot = ev_key * n_locations + ev_location + 1
-        base = store.n_states
-        written = np.where(kinds == DELETE, _DEAD, base + np.arange(n))
-        input_event = np.repeat(ci, n_inputs)
+        ``at_c`` are the computations' positions in ``columns``.  Sets
+        ``new_labels`` (see :meth:`_labels`) and ``c["label"]``, ``c["group"]``
+        and ``c["origin"]``; a computation without a group or an origin has its
+        own label for it.
+        """
+        builder, scalar_only, ci = self.builder, self._scalar_only, self.ci
+        c_label, self.new_labels = self._labels(columns, at_c, self.c_key)
+        scalar_only[ci] |= c_label < 0
+        labels = builder.store.labels.codes.get
+        c_group = c_origin = c_label
+        group = columns.group[at_c]
+        if (group >= 0).any():
+            c_group = np.where(group < 0, c_label,
+                               arrays.codes(columns, "label", builder, group, labels))
+            scalar_only[ci] |= (c_group < 0) & (self.n_inputs == 1)
+        origin = columns.origin[at_c]
+        if (origin >= 0).any():
+            c_origin = np.where(origin < 0, c_label,
+                                arrays.codes(columns, "label", builder, origin, labels))
+            scalar_only[ci] |= c_origin < 0
+        self.c.update(label=c_label, group=c_group, origin=c_origin)
+
+    def _check_keys_are_new(self, c_key_index: np.ndarray) -> None:
+        """Mark the computations of keys held already, or written earlier in the window.
+
+        ``c_key_index`` are the computations' keys.  A routine computation
+        creates its key: nothing holds it before, in or before the window (else
+        the key's code and copies need the scalar path).
+        """
+        ci, scalar_only = self.ci, self._scalar_only
+        scalar_only[ci] |= np.fromiter(map(self.builder.holdings.newest.__contains__,
+                                           self.c_key), bool, len(ci))
+        scalar_only[ci] |= self.first_event[c_key_index] != ci
+
+    def _look_up_sources(self) -> None:
+        """Find what each lookup finds, as of its event: an as-of join of the slots.
+
+        A slot is a ``(key, location)`` pair, numbered ``key * n_locations +
+        location + 1``.  The lookups: each computation's inputs in its
+        worker's memory, a transfer's source and target, a deletion's copy,
+        a queued computation's releaser.  Sets ``ev_slot``, the slot each
+        event writes; ``slot_order`` (see :func:`~crux_dask.graph.arrays.as_of`);
+        what the lookups found, ``input_src``, ``t["src"]``, ``t["before"]``,
+        ``d["src"]`` and ``releaser``; and ``_input_event``, the computation
+        each input is of.
+        """
+        ci, ti, di, kinds, ev_key = self.ci, self.ti, self.di, self.kinds, self.ev_key
+        n_inputs, queued, scalar_only = self.n_inputs, self.queued, self._scalar_only
+        self.base = base = self.builder.store.n_states
+        n_locations = len(self.builder.store.locations) + 1
+        self.ev_slot = ev_slot = ev_key * n_locations + self.ev_location + 1
+        written = np.where(kinds == DELETE, _DEAD, base + np.arange(len(kinds)))
+        self._input_event = input_event = np.repeat(ci, n_inputs)
         lookup_slot = np.concatenate([
-            input_key * n_locations + np.repeat(c_memory, n_inputs) + 1,
-            ev_key[ti] * n_locations + t_source_code + 1, ev_slot[ti], ev_slot[di],
-            c_released_by[queued] * n_locations + releaser_memory + 1])
+            self._input_key * n_locations + np.repeat(self.c["memory"], n_inputs) + 1,
+            ev_key[ti] * n_locations + self.t["source"] + 1, ev_slot[ti], ev_slot[di],
+            self._releaser_key * n_locations + self._releaser_memory + 1])
         looked_up, self.slot_order = arrays.as_of(
             ev_slot, written, lookup_slot, np.concatenate([input_event, ti, ti, di,
                                                            ci[queued]]))
         self._look_up_held(looked_up, lookup_slot, n_locations)
         input_src, t_src, t_before, d_src, releaser = np.split(
             looked_up, np.cumsum([len(input_event), len(ti), len(ti), len(di)]))
-        bad[input_event[input_src < 0]] = True
-        bad[ci[queued[releaser < 0]]] = True  # a releaser released or not reported yet
-        shuffles = builder.shuffles
-        if shuffles.keys:  # a shuffle's barrier, its outputs, its release: the scalar path
-            bad[input_event[np.fromiter(
-                map(shuffles.keys.__contains__, map(names.__getitem__, input_key.tolist())),
-                bool, len(input_key))]] = True
-            bad[di] |= np.fromiter(
-                map(shuffles.barriers.__contains__, map(names.__getitem__, ev_key[di].tolist())),
-                bool, len(di))
-        bad[ti] |= t_src < 0
-        bad[di] |= d_src < 0
-        c_root_state = np.full(nc, -1, np.int64)
-        no_inputs = n_inputs == 0
-        roots, run_root = builder.roots, builder.run_root
-        time_of = builder.store.state_time
-        if no_inputs.any():
-            c_root_state[no_inputs] = [r if r in roots else run_root
-                                       for r in columns.root[at_c[no_inputs]].tolist()]
-            bad[ci[no_inputs]] |= c_root_state[no_inputs] < 0
-        if builder.waiting.events:  # a state that events wait for: the scalar path releases them
-            creates = np.flatnonzero(kinds != DELETE)
-            slots = zip(map(names.__getitem__, ev_key[creates].tolist()),
-                        ev_location[creates].tolist())
-            bad[creates] |= np.fromiter(map(builder.waiting.__contains__, slots), bool,
-                                        len(creates))
+        scalar_only[input_event[input_src < 0]] = True
+        scalar_only[ci[queued[releaser < 0]]] = True  # a releaser released or not reported yet
+        scalar_only[ti] |= t_src < 0
+        scalar_only[di] |= d_src < 0
+        self.input_src, self.releaser = input_src, releaser
+        self.t.update(src=t_src, before=t_before)
+        self.d = {"src": d_src}
 
-        # The prefix the window takes.
-        self.n = f = arrays.first(bad, n)
-        self.base, self.kinds = base, kinds[:f]
-        self.ev_key, self.ev_location, self.ev_slot = ev_key[:f], ev_location[:f], ev_slot[:f]
+    def _check_shuffles(self) -> None:
+        """Mark the computations that take a key of a shuffle, and the deletions of a
+        shuffle's barrier: a shuffle's barrier, its outputs and its release are the
+        scalar path's."""
+        shuffles = self.builder.shuffles
+        if not shuffles.keys:
+            return
+        names, input_key, scalar_only = self.names, self._input_key, self._scalar_only
+        scalar_only[self._input_event[np.fromiter(
+            map(shuffles.keys.__contains__, map(names.__getitem__, input_key.tolist())),
+            bool, len(input_key))]] = True
+        di = self.di
+        scalar_only[di] |= np.fromiter(
+            map(shuffles.barriers.__contains__, map(names.__getitem__, self.ev_key[di].tolist())),
+            bool, len(di))
+
+    def _find_roots(self, columns: EventColumns, at_c: np.ndarray) -> None:
+        """Find the state each computation without inputs takes: its graph's root.
+
+        ``at_c`` are the computations' positions in ``columns``.  Sets
+        ``c["root"]``: the root state the event names if the builder knows it,
+        else the run's root (``-1`` for computations with inputs).
+        """
+        ci, scalar_only = self.ci, self._scalar_only
+        c_root = np.full(len(ci), -1, np.int64)
+        no_inputs = self.n_inputs == 0
+        roots, run_root = self.builder.roots, self.builder.run_root
+        if no_inputs.any():
+            c_root[no_inputs] = [r if r in roots else run_root
+                                 for r in columns.root[at_c[no_inputs]].tolist()]
+            scalar_only[ci[no_inputs]] |= c_root[no_inputs] < 0
+        self.c["root"] = c_root
+
+    def _check_waited_for(self) -> None:
+        """Mark the events that create a state events wait for: the scalar path releases
+        them."""
+        waiting = self.builder.waiting
+        if not waiting.events:
+            return
+        creates = np.flatnonzero(self.kinds != DELETE)
+        slots = zip(map(self.names.__getitem__, self.ev_key[creates].tolist()),
+                    self.ev_location[creates].tolist())
+        self._scalar_only[creates] |= np.fromiter(map(waiting.__contains__, slots), bool,
+                                                  len(creates))
+
+    def _take_prefix(self, columns: EventColumns, at_c: np.ndarray, at_t: np.ndarray,
+                     at_d: np.ndarray) -> None:
+        """Cut the plan to the events before the first one marked; sets ``n``.
+
+        Adds to ``c``, ``t`` and ``d`` the fields of the events the commit
+        reads from ``columns``, where ``at_c``, ``at_t`` and ``at_d`` are the
+        positions of the computations, transfers and deletions.
+        """
+        self.n = f = arrays.first(self._scalar_only, len(self.kinds))
+        ci, ti, di = self.ci, self.ti, self.di
         keep_c, keep_t, keep_d = ci < f, ti < f, di < f
+        self.kinds = self.kinds[:f]
+        self.ev_key, self.ev_location, self.ev_slot = (
+            self.ev_key[:f], self.ev_location[:f], self.ev_slot[:f])
         self.ci, self.ti, self.di = ci[keep_c], ti[keep_t], di[keep_d]
-        self.n_inputs = n_inputs[keep_c]
-        self.input_src = input_src[:int(self.n_inputs.sum())]
-        self.c_key = c_key[:len(self.ci)]
-        kept = ci[queued] < f
-        self.queued, self.releaser = queued[kept], releaser[kept]
+        self.n_inputs = self.n_inputs[keep_c]
+        self.input_src = self.input_src[:int(self.n_inputs.sum())]
+        self.c_key = self.c_key[:len(self.ci)]
+        kept = ci[self.queued] < f
+        self.queued, self.releaser = self.queued[kept], self.releaser[kept]
         at_c, at_t, at_d = at_c[keep_c], at_t[keep_t], at_d[keep_d]
+        roots, time_of = self.builder.roots, self.builder.store.state_time
         t_nbytes = columns.nbytes[at_t]
+        c, t = self.c, self.t
         self.c = {"start": columns.start[at_c], "stop": columns.stop[at_c],
                   "nbytes": columns.nbytes[at_c], "thread": columns.thread[at_c],
-                  "memory": c_memory[keep_c], "label": c_label_code[keep_c],
-                  "group": c_group_code[keep_c], "origin": c_origin_code[keep_c],
-                  "root": c_root_state[keep_c], "requested": columns.requested[at_c],
+                  "memory": c["memory"][keep_c], "label": c["label"][keep_c],
+                  "group": c["group"][keep_c], "origin": c["origin"][keep_c],
+                  "root": c["root"][keep_c], "requested": columns.requested[at_c],
                   "received": columns.received[at_c], "runnable": columns.runnable[at_c],
                   "priority": columns.priority[at_c],
                   "submitted": np.array([time_of[r] if r in roots else np.nan
                                          for r in columns.root[at_c].tolist()])}
         self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],
                   "nbytes": t_nbytes, "no_nbytes": t_nbytes < 0,
-                  "source": t_source_code[keep_t], "src": t_src[keep_t],
-                  "before": t_before[keep_t], "requested": columns.requested[at_t]}
-        self.d = {"time": columns.start[at_d], "src": d_src[keep_d]}
+                  "source": t["source"][keep_t], "src": t["src"][keep_t],
+                  "before": t["before"][keep_t], "requested": columns.requested[at_t]}
+        self.d = {"time": columns.start[at_d], "src": self.d["src"][keep_d]}
 
     def _labels(self, columns: EventColumns, at: np.ndarray, keys: list[str]
                 ) -> tuple[np.ndarray, list[str]]:

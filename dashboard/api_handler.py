@@ -7,6 +7,7 @@ Handlers use only the plugin's public interface: ``progress()``, ``stats()``,
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Awaitable, Callable
@@ -90,6 +91,12 @@ class CruxHandler(web.RequestHandler):
         except StreamClosedError:  # the client went away
             return
         self.finish()
+
+    async def answer(self, function: Callable[..., Pieces | KeptPieces], *args: Any) -> None:
+        """Send ``function(store, end, *args)``, asked of the graph host (see
+        :meth:`finish_in_pieces`)."""
+        make = functools.partial(self.plugin.analyse, function, *args)
+        await self.finish_in_pieces(await make(), make)
 
     def page(self) -> tuple[int, int]:
         """The ``offset`` and ``limit`` of a listing."""

@@ -36,8 +36,7 @@ class StatesReader(CruxHandler):
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
             return
-        make = functools.partial(self.plugin.analyse, states_json, *query)
-        await self.finish_in_pieces(await make(), make)
+        await self.answer(states_json, *query)
 
 
 class StateHandler(CruxHandler):
@@ -68,8 +67,7 @@ class MutationsHandler(CruxHandler):
         except BadParameter as error:
             self.fail(400, str(error), error.parameter)
             return
-        make = functools.partial(self.plugin.analyse, mutations_json, kind, offset, limit)
-        await self.finish_in_pieces(await make(), make)
+        await self.answer(mutations_json, kind, offset, limit)
 
 
 class WCPHandler(CruxHandler):
@@ -111,8 +109,7 @@ class WCPHandler(CruxHandler):
 
 class ComputationsHandler(CruxHandler):
     async def get(self) -> None:
-        make = functools.partial(self.plugin.analyse, computations_json, self.plugin.scopes())
-        await self.finish_in_pieces(await make(), make)
+        await self.answer(computations_json, self.plugin.scopes())
 
 
 class StatsHandler(CruxHandler):

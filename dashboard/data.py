@@ -71,9 +71,10 @@ class GraphView:
     progress: Progress | None = None
     _path: CriticalPath | None = None
 
-    def __post_init__(self) -> None:
-        if self.analyse is None and self.store is not None:
-            self.analyse = _in_thread_on(self.store, self.end)
+    @classmethod
+    def fixed(cls, store: PAGStore, end: int) -> GraphView:
+        """A view of a graph that no longer changes: asked in a thread."""
+        return cls(store, end, analyse=_in_thread_on(store, end))
 
     @property
     def version(self) -> tuple:
@@ -194,7 +195,7 @@ class Runs:
         if not read.done():
             return None
         pag = read.result()
-        view = self._views[run_id] = GraphView(pag.stores[0], pag.ends[0])
+        view = self._views[run_id] = GraphView.fixed(pag.stores[0], pag.ends[0])
         return view
 
 
@@ -217,7 +218,7 @@ def chosen_source(live: Source, runs: Runs, choice: RunChoice) -> Source:
 def static_source(pag: PAG, run_id: str | None = None) -> Source:
     """A recorded graph that no longer changes."""
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
-    view = GraphView(pag.stores[index], pag.ends[index])
+    view = GraphView.fixed(pag.stores[index], pag.ends[index])
     return lambda: view
 
 

@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 
 from crux_dask.columns import COLUMNS_FROM, EventColumns
-from crux_dask.encoding import MOMENTS
+from crux_dask.encoding import EVENT_MOMENTS
 from crux_dask.validation import BatchError, check_event, common_event, is_int
 from crux_dask.wire import MAX_BATCH_EVENTS, WIRE_DTYPES, checked_columns
 
@@ -133,7 +133,7 @@ def encode_batch(events: Iterable[Sequence[Any]], source: str = "", seq: int = 0
 
 def _column_bytes(values: np.ndarray, name: str, dtype: str) -> bytes:
     """A column's bytes on the wire; none for moments not recorded in the whole batch."""
-    if name in MOMENTS and np.isnan(values).all():
+    if name in EVENT_MOMENTS and np.isnan(values).all():
         return b""
     return np.ascontiguousarray(values, dtype).tobytes()
 

@@ -28,21 +28,27 @@ from crux_dask.encoding import COMPUTE, DELETE, NONE, NOT_RECORDED, OTHER, TRANS
 from crux_dask.events import Compute, Delete, Event, Transfer, event_time
 
 __all__ = [
-    "COLUMNS_FROM", "COMPUTE", "DELETE", "NONE", "OTHER", "TRANSFER", "EventColumns",
+    "COLUMNS", "COLUMNS_FROM", "COMPUTE", "DELETE", "NONE", "OTHER", "STRING_COLUMNS",
+    "TRANSFER", "EventColumns",
 ]
 
 #: From how many events on columns pay: putting events in columns, sending them
 #: and planning a window from them cost about a millisecond whatever their
 #: number, which fewer events than this would not repay.
 COLUMNS_FROM = 512
-#: The numeric and string-index columns, with their dtypes, in wire order.
-COLUMNS: dict[str, str] = {
-    "kind": "i1", "key": "i8", "location": "i8", "source": "i8", "start": "f8",
-    "stop": "f8", "nbytes": "i8", "thread": "i8", "root": "i8", "label": "i8",
-    "group": "i8", "origin": "i8", "input_count": "i8", "inputs": "i8", "requested": "f8",
-    "received": "f8", "runnable": "f8", "priority": "f8", "released_by": "i8",
-    "released_on": "i8",
+#: Every column, in wire order, with its dtype on the wire: ``None`` for the
+#: columns a batch does not send (they read as not recorded).  In memory a
+#: kind is int8, a time or moment float64, any other number or string index int64.
+COLUMNS: dict[str, str | None] = {
+    "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
+    "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
+    "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
+    "requested": "<f8", "received": "<f8", "runnable": "<f8", "priority": None,
+    "released_by": None, "released_on": None,
 }
+#: The columns that hold indices into a batch's string table (``-1``: none).
+STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs",
+                  "released_by", "released_on")
 
 
 @dataclass(eq=False)
@@ -244,16 +250,11 @@ class EventColumns:
             remap = np.append(dense[arrival], NONE)  # -1 stays -1
             for name in COLUMNS:
                 column = getattr(part, name)
-                remapped[name].append(remap[column] if name in _STRING_COLUMNS else column)
+                remapped[name].append(remap[column] if name in STRING_COLUMNS else column)
             others.update((offset + i, event) for i, event in part.others.items())
             offset += len(part)
         return cls(list(table), **{name: np.concatenate(columns)
                                    for name, columns in remapped.items()}, others=others)
-
-
-_STRING_COLUMNS = frozenset(
-    ["key", "location", "source", "label", "group", "origin", "inputs", "released_by",
-     "released_on"])
 
 
 def _moment(value: float) -> float | None:

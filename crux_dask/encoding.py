@@ -16,7 +16,7 @@ import numpy as np
 
 from crux_dask.events import EVENT_KINDS, REQUIRED, Compute, Delete, Transfer
 
-__all__ = ["COMPUTE", "DELETE", "MOMENTS", "NONE", "NOT_RECORDED", "OTHER", "TRANSFER",
+__all__ = ["COMPUTE", "DELETE", "EVENT_MOMENTS", "NONE", "NOT_RECORDED", "OTHER", "TRANSFER",
            "encode"]
 
 #: Values of :attr:`EventColumns.kind`.
@@ -29,10 +29,11 @@ _WIDTHS = {code: (REQUIRED[name] + 1, len(EVENT_KINDS[name]) + 1)
            for name, code in _KINDS.items()}
 #: The integer columns and what stands for "none" in them.
 NONE = -1
-#: The columns of moments: NaN where not recorded.
-MOMENTS = ("requested", "received", "runnable")
+#: The moments an event carries (of a state's, :data:`~crux_dask.model.MOMENTS`): NaN
+#: where not recorded.
+EVENT_MOMENTS = ("requested", "received", "runnable")
 #: The columns that are NaN where not recorded: the moments and a task's priority.
-NOT_RECORDED = (*MOMENTS, "priority")
+NOT_RECORDED = (*EVENT_MOMENTS, "priority")
 
 
 def encode(events: list) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def _numeric_columns(rows: _Rows) -> dict[str, np.ndarray]:
     start[ti] = rows.numbers(ti, _T["start"], float)
     stop[ti] = rows.numbers(ti, _T["stop"], float)
     nbytes[ti] = rows.optional_integers(ti, rows.trailing(ti, _T["nbytes"]))
-    requested, received, runnable = (np.full(n, np.nan) for _ in MOMENTS)
+    requested, received, runnable = (np.full(n, np.nan) for _ in EVENT_MOMENTS)
     requested[ci] = rows.optional_numbers(ci, _C["sent"])
     received[ci] = rows.optional_numbers(ci, _C["received"])
     runnable[ci] = rows.optional_numbers(ci, _C["runnable"])

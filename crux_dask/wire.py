@@ -8,22 +8,26 @@ from typing import Any
 
 import numpy as np
 
-from crux_dask.columns import COMPUTE, DELETE, NONE, OTHER, TRANSFER, EventColumns
-from crux_dask.encoding import MOMENTS
+from crux_dask.columns import (
+    COLUMNS,
+    COMPUTE,
+    DELETE,
+    NONE,
+    OTHER,
+    STRING_COLUMNS,
+    TRANSFER,
+    EventColumns,
+)
+from crux_dask.encoding import EVENT_MOMENTS
 from crux_dask.validation import BatchError, check_event, is_int
 
 __all__ = ["MAX_BATCH_EVENTS", "WIRE_DTYPES", "checked_columns"]
 
-#: The dtype of each column on the wire.
-WIRE_DTYPES: dict[str, str] = {
-    "kind": "<i1", "key": "<i4", "location": "<i4", "source": "<i4", "start": "<f8",
-    "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
-    "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
-    "requested": "<f8", "received": "<f8", "runnable": "<f8",
-}
+#: The dtype of each column a batch sends (:data:`~crux_dask.columns.COLUMNS`).
+WIRE_DTYPES = {name: dtype for name, dtype in COLUMNS.items() if dtype is not None}
 #: Largest number of events in one batch.
 MAX_BATCH_EVENTS = 1_000_000
-_STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs")
+_STRING_COLUMNS = tuple(name for name in STRING_COLUMNS if name in WIRE_DTYPES)
 _KIND_NAMES = {COMPUTE: "compute", TRANSFER: "transfer", DELETE: "delete", OTHER: "other"}
 
 
@@ -67,7 +71,7 @@ def _column_arrays(columns: Any) -> dict[str, np.ndarray]:
         arrays[name] = np.frombuffer(raw, dtype).astype(
             np.int8 if name == "kind" else np.float64 if dtype[1] == "f" else np.int64)
     n = len(arrays["kind"])
-    for name in MOMENTS:
+    for name in EVENT_MOMENTS:
         if not len(arrays[name]):  # none recorded in the whole batch
             arrays[name] = np.full(n, np.nan)
     arrays["priority"] = np.full(n, np.nan)

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.codec import read_head
+from crux_dask.plugins.entries import Graph, Reported
 from crux_dask.plugins.frames import Frames
 from crux_dask.plugins.graph_pipe import READ_BYTES, GraphProcessGone, Pipes, ended
 from crux_dask.plugins.host import (
@@ -48,7 +49,7 @@ from crux_dask.plugins.host import (
     spooled_graph_pieces,
     spooled_in_thread,
 )
-from crux_dask.plugins.recorder import GRAPH, REPORTS, Recorder
+from crux_dask.plugins.recorder import Recorder
 from crux_dask.plugins.staging import KeptPieces, Pieces
 
 if TYPE_CHECKING:
@@ -174,7 +175,7 @@ class GraphProcess(Pipes, Recorder):
     def root(self, time: float, label: str) -> int:
         """Queue a graph that reached the scheduler; the number its tasks name it by."""
         number = self.next_graph()
-        self.record((GRAPH, number, time, label))
+        self.record(Graph(number, time, label))
         return number
 
     def queue_batch(self, batch: bytes) -> tuple[int, bool]:
@@ -197,7 +198,7 @@ class GraphProcess(Pipes, Recorder):
     def tick(self) -> None:
         """The periodic callback: send what was recorded since the last call."""
         if not self.queue or (not self._started
-                              and all(entry[0] == GRAPH for entry in self.queue)):
+                              and all(type(entry) is Graph for entry in self.queue)):
             return  # nothing, or only roots: no process for them yet
         entries, self.queue = list(self.queue), deque()
         batch_bytes, self._queued_bytes = self._queued_bytes, 0
@@ -210,8 +211,8 @@ class GraphProcess(Pipes, Recorder):
             size = 0
             for entry in entries:
                 piece.append(entry)
-                size += (len(entry) if isinstance(entry, bytes) else len(entry[2])
-                         if entry[0] == REPORTS else _ENTRY_BYTES)
+                size += (len(entry) if isinstance(entry, bytes) else len(entry.reports)
+                         if type(entry) is Reported else _ENTRY_BYTES)
                 if len(piece) == MESSAGE_ENTRIES or size >= MESSAGE_BYTES:
                     self._send(piece)
                     piece, size = [], 0

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from crux_dask.codec import decode_batch, read_head
 from crux_dask.columns import EventColumns
+from crux_dask.plugins.entries import Done, Graph, Lost, Reported, Sent, TaskFiles, Whole
 from crux_dask.plugins.joins import TaskJoins
-from crux_dask.plugins.recorder import COUNTS, GRAPH, LOST, REPORTS, TASK_FILES, Recorder
-from crux_dask.plugins.tasks import DONE, SENT, TASK, Finished, scheduler_task
+from crux_dask.plugins.recorder import COUNTS, Recorder
+from crux_dask.plugins.tasks import Finished, scheduler_task
 from crux_dask.plugins.time_order import Refuse, apply_run, in_time_order
 from crux_dask.validation import BatchError
 
@@ -138,12 +139,12 @@ class Ingest(TaskJoins, Recorder):
         malformed is counted in ``batches_failed``, its events in ``events_failed``."""
         for entry in entries:
             if isinstance(entry, tuple):
-                if entry[0] == GRAPH:  # made now, as :meth:`root` does
-                    self.roots[entry[1]] = self.builder.root(entry[2], entry[3])
+                if type(entry) is Graph:  # made now, as :meth:`root` does
+                    self.roots[entry.number] = self.builder.root(entry.time, entry.label)
                     self.counts["events_applied"] += 1
                     continue
                 self.queue.append(entry)
-                self.pending += entry[3] if entry[0] == REPORTS else 1
+                self.pending += entry.count if type(entry) is Reported else 1
             else:
                 try:
                     self.pending += self.queue_batch(entry)[0]
@@ -252,8 +253,8 @@ class Ingest(TaskJoins, Recorder):
                         events = []
                     parts.append(item)
                     continue
-                kind = item[0]
-                if kind == REPORTS:
+                kind = type(item)
+                if kind is Reported:
                     tasks, size = self._take_reports(room, refuse)
                 else:
                     queue.popleft()
@@ -261,26 +262,26 @@ class Ingest(TaskJoins, Recorder):
                 taken += size
                 room -= size
                 try:
-                    if kind == SENT:
+                    if kind is Sent:
                         self.sending.record(item)
-                    elif kind == DONE:
-                        self.announced.done(self.reports.done(item, now), item[3])
-                    elif kind == TASK:
+                    elif kind is Done:
+                        self.announced.done(self.reports.done(item, now), item.time)
+                    elif kind is Whole:
                         tasks = (scheduler_task(item),)
-                    elif kind == TASK_FILES:
+                    elif kind is TaskFiles:
                         tasks = self._files_came(item, now)
-                    elif kind == LOST:  # what the worker held is gone
-                        for task in self._unreported(item[1], None):
+                    elif kind is Lost:  # what the worker held is gone
+                        for task in self._unreported(item.worker, None):
                             events += self._events_of(task, now, refuse)
                         apply_run(self.builder, self.announced, parts, events, now, refuse)
                         parts, events = [], []
-                        self.builder.lose(item[1], item[2])
-                    elif kind != REPORTS:
+                        self.builder.lose(item.worker, item.time)
+                    elif kind is not Reported:
                         events.append(item)
                 except Exception as error:
                     refuse(item, error)
                 if tasks:
-                    room = self._take_tasks(tasks, kind == TASK_FILES, room, now, parts,
+                    room = self._take_tasks(tasks, kind is TaskFiles, room, now, parts,
                                             events, refuse)
             apply_run(self.builder, self.announced, parts, events, now, refuse)
         finally:

@@ -25,8 +25,9 @@ import numpy as np
 
 from crux_dask.columns import TRANSFER, EventColumns
 from crux_dask.model import CLIENT
+from crux_dask.plugins.entries import Done, Reported, Sent, TaskFiles
 from crux_dask.plugins.protocol import FOLLOW, key_string
-from crux_dask.plugins.recorder import REPORTS, unpack_reports
+from crux_dask.plugins.recorder import unpack_reports
 from crux_dask.plugins.tasks import Finished, reported_task, task_events
 from crux_dask.plugins.time_order import Refuse, in_time_order
 from crux_dask.validation import BatchError
@@ -61,9 +62,9 @@ class Sending:
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def record(self, entry: tuple) -> None:
-        """Keep a :data:`~crux_dask.plugins.tasks.SENT` entry."""
-        _, key, when, freed, root = entry
+    def record(self, entry: Sent) -> None:
+        """Keep a :class:`~crux_dask.plugins.entries.Sent` entry."""
+        key, when, freed, root = entry
         name = key_string(key)
         before = self.tasks.pop(name, None)
         first = None
@@ -86,7 +87,7 @@ class Sending:
 class Reports:
     """The tasks the scheduler saw finish, until their worker's report comes.
 
-    The scheduler records each as a :data:`~crux_dask.plugins.tasks.DONE` entry.
+    The scheduler records each as a :class:`~crux_dask.plugins.entries.Done` entry.
     A report usually comes after the scheduler saw the task finish (each
     worker sends its reports in batches), rarely before: either waits for the
     other, by key and worker.  The tasks whose report never came (their worker
@@ -95,15 +96,15 @@ class Reports:
     """
 
     def __init__(self) -> None:
-        # (key string, worker) -> (DONE entry, when it started waiting)
-        self.awaited: dict[tuple[str, Any], tuple[tuple, float]] = {}
-        # (key string, worker) -> when a report came before its DONE
+        # (key string, worker) -> (Done entry, when it started waiting)
+        self.awaited: dict[tuple[str, Any], tuple[Done, float]] = {}
+        # (key string, worker) -> when a report came before its Done
         self.early: dict[tuple[str, Any], float] = {}
 
-    def done(self, entry: tuple, now: float) -> str:
-        """The scheduler saw a task finish (a :data:`~crux_dask.plugins.tasks.DONE`
+    def done(self, entry: Done, now: float) -> str:
+        """The scheduler saw a task finish (a :class:`~crux_dask.plugins.entries.Done`
         entry); its key as a string."""
-        join = (key_string(entry[1]), entry[2])
+        join = (key_string(entry.key), entry.worker)
         if self.early.pop(join, None) is None:
             self.awaited[join] = (entry, now)
         return join[0]
@@ -129,7 +130,7 @@ class Reports:
                 del self.early[join]
         tasks = []
         for join in late:
-            _, _, where, when, nbytes = self.awaited.pop(join)[0]
+            _, where, when, nbytes = self.awaited.pop(join)[0]
             tasks.append(Finished(join[0], False, where, None, when, when, nbytes, (), None,
                                   None, None, None))
         return tasks
@@ -231,13 +232,14 @@ class TaskJoins:
         self.early_files: dict[tuple[str, Any], tuple[Any, float]] = {}
 
     def _take_reports(self, room: int, refuse: Refuse) -> tuple[list[Finished], int]:
-        """The tasks of the :data:`REPORTS` entry at the head of the queue, at most
-        ``room`` of them (the rest stay at the head, unpacked), and how many were taken.
+        """The tasks of the :class:`~crux_dask.plugins.entries.Reported` entry at the
+        head of the queue, at most ``room`` of them (the rest stay at the head,
+        unpacked), and how many were taken.
 
         A report that cannot be unpacked is refused whole, one that is not of
         :func:`~crux_dask.plugins.tasks.reported_task`'s form alone.
         """
-        _, source, reports, count = self.queue[0]
+        source, reports, count = self.queue[0]
         if not isinstance(reports, list):
             try:
                 reports = unpack_reports(reports)
@@ -247,7 +249,7 @@ class TaskJoins:
                     refuse(reports, error)
                 return [], count
         if len(reports) > room:
-            self.queue[0] = (REPORTS, source, reports[room:], len(reports) - room)
+            self.queue[0] = Reported(source, reports[room:], len(reports) - room)
             reports = reports[:room]
         else:
             self.queue.popleft()
@@ -298,15 +300,15 @@ class TaskJoins:
             return None
         return _with_files(task, early[0])
 
-    def _files_came(self, item: tuple, now: float) -> tuple[Finished, ...]:
-        """The task a :data:`~crux_dask.plugins.recorder.TASK_FILES` entry completes, if
+    def _files_came(self, item: TaskFiles, now: float) -> tuple[Finished, ...]:
+        """The task a :class:`~crux_dask.plugins.entries.TaskFiles` entry completes, if
         it came before them."""
-        join = (item[1], item[2])
+        join = (item.key, item.worker)
         waiting = self.awaiting_files.pop(join, None)
         if waiting is None:
-            self.early_files[join] = (item[3], now)
+            self.early_files[join] = (item.files, now)
             return ()
-        return (_with_files(waiting[0], item[3]),)
+        return (_with_files(waiting[0], item.files),)
 
     def _release_files(self, older_than: float | None, refuse: Refuse) -> None:
         """Apply the tasks that waited for their files since before ``older_than`` (all:

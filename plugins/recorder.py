@@ -1,8 +1,7 @@
 """What the scheduler's hooks and the workers' RPC handler record into: the queue.
 
-The entries of the queue are tuples in the builder's form, tasks as the
-transition hook recorded them (:mod:`crux_dask.plugins.tasks`), the workers'
-batches, and the kinds below.  :class:`~crux_dask.plugins.ingest.Ingest`
+The entries of the queue are the builder's events, the workers' batches, and
+the named records of :mod:`crux_dask.plugins.entries`.  :class:`~crux_dask.plugins.ingest.Ingest`
 applies them where the scheduler runs; :class:`~crux_dask.plugins.graph_process.GraphProcess`
 sends them to the graph process, which applies them with an ingest of its own.
 """
@@ -18,28 +17,13 @@ from typing import Any
 import msgpack
 
 from crux_dask.codec import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
+from crux_dask.plugins.entries import Reported, TaskFiles
 from crux_dask.validation import BatchError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["COUNTS", "GRAPH", "LOST", "REPORTS", "TASK_FILES", "Recorder", "count_reports",
-           "unpack_reports"]
+__all__ = ["COUNTS", "Recorder", "count_reports", "unpack_reports"]
 
-#: First field of a ``(LOST, worker, time)`` entry: a worker left with its data.
-LOST = "lost"
-#: First field of a ``(GRAPH, number, time, label)`` entry of another process's
-#: queue: a graph reached the scheduler; its root is made as the entry is taken,
-#: and the tasks of the graph name it by number.
-GRAPH = "graph"
-#: First field of a ``(TASK_FILES, key string, worker, files)`` entry: the files
-#: of a task whose worker sized them after it reported the task (whose files
-#: it reported as :data:`~crux_dask.plugins.protocol.FOLLOW`).
-TASK_FILES = "task-files"
-#: First field of a ``(REPORTS, worker, reports, count)`` entry: the tasks a
-#: worker reported with a batch (:data:`~crux_dask.plugins.protocol.TASKS`),
-#: ``count`` of them, as received (msgpack) or, once a slice took some, the
-#: rest of them unpacked.
-REPORTS = "reports"
 COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
            "batches_in_columns", "batches_rejected", "batches_failed", "hook_errors",
            "file_lists_received", "file_lists_rejected", "file_lists_missing",
@@ -136,7 +120,7 @@ class Recorder:
         """RPC handler for the files of tasks a worker sized after their completion.
 
         ``files`` is ``[[key string, [[path, written, size], ...]], ...]``;
-        each list is queued as a :data:`TASK_FILES` entry (its files are
+        each list is queued as a :class:`~crux_dask.plugins.entries.TaskFiles` entry (its files are
         checked as the task's entry takes them).  Never raises.
 
         Returns
@@ -155,7 +139,7 @@ class Recorder:
                                                    "...]], ...] from a worker"}
         self.counts["file_lists_received"] += len(files)
         for name, listed in files:
-            self.record((TASK_FILES, name, source, listed))
+            self.record(TaskFiles(name, source, listed))
         return {"status": "OK"}
 
     def queue_batch(self, batch: bytes) -> tuple[int, bool]:
@@ -169,9 +153,9 @@ class Recorder:
         raise NotImplementedError
 
     def queue_reports(self, source: Any, tasks: bytes, count: int) -> None:
-        """Queue the ``count`` tasks a worker reported, as received (a :data:`REPORTS`
-        entry): each is checked as it is applied."""
-        self.queue.append((REPORTS, source, bytes(tasks), count))
+        """Queue the ``count`` tasks a worker reported, as received (a
+        :class:`~crux_dask.plugins.entries.Reported` entry): each is checked as it is applied."""
+        self.queue.append(Reported(source, bytes(tasks), count))
 
     def apply_soon(self) -> None:
         """Apply (or send) the queue promptly, without doing it in the caller."""

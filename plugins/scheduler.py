@@ -26,6 +26,7 @@ from tornado.ioloop import PeriodicCallback
 
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
+from crux_dask.plugins.entries import Done, Lost, Sent, Whole
 from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.host import GraphHost, LocalHost, Progress
 from crux_dask.plugins.protocol import (
@@ -35,10 +36,8 @@ from crux_dask.plugins.protocol import (
     REPORTED,
     key_string,
 )
-from crux_dask.plugins.recorder import LOST
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import KeptPieces, Pieces, Staging
-from crux_dask.plugins.tasks import DONE, SENT, TASK
 from crux_dask.plugins.transitions import TransitionLog, chunks_of_log
 
 if TYPE_CHECKING:
@@ -169,7 +168,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         try:
-            self.host.record((LOST, worker, time.time()))
+            self.host.record(Lost(worker, time.time()))
         except Exception as error:
             self.host.failed("remove_worker", error)
 
@@ -182,7 +181,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 self.transitions.record(key, start, finish, stimulus_id)
             if finish == "processing":  # sent to a worker, perhaps for a freed queue slot
                 stimulus, freed_by, freed_on = self.last_finished
-                entry: tuple = (SENT, key, time.time(), (freed_by, freed_on) if (
+                entry: tuple = Sent(key, time.time(), (freed_by, freed_on) if (
                     start == "queued" and stimulus == stimulus_id) else None,
                     self.graph_roots.pop(key, -1))
             elif start != "processing" or finish not in ("memory", "erred"):
@@ -211,7 +210,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         if finish == "memory":
             metadata = kwargs.get("metadata")
             if metadata and REPORTED in metadata:  # its worker reports the rest
-                return (DONE, key, worker, time.time(), kwargs.get("nbytes") or 0)
+                return Done(key, worker, time.time(), kwargs.get("nbytes") or 0)
         else:
             self.erred[key_string(key)] = {
                 "worker": worker, "time": time.time(),
@@ -220,7 +219,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         ts = self.scheduler.tasks.get(key)
         if ts is None:
             return None
-        return (TASK, key, finish, worker, kwargs.get("thread"), kwargs.get("startstops"),
+        return Whole(key, finish, worker, kwargs.get("thread"), kwargs.get("startstops"),
                 kwargs.get("nbytes") or 0, [dts.key for dts in ts.dependencies],
                 ts.prefix.name, ts.group.name,
                 ts.annotations.get("crux") if ts.annotations else None, ts.priority,

@@ -4,16 +4,18 @@ Each side records what only it knows.  The worker reports what the task did
 (:data:`~crux_dask.plugins.protocol.REPORT_FIELDS`: its run, inputs, size,
 priority and moments, the shards it made) in its next batch; the scheduler
 records, as it sends the task, when it did, which finished task freed the
-queue slot it waited for, and the graph it came in (a :data:`SENT` entry).  The
+queue slot it waited for, and the graph it came in (a
+:class:`~crux_dask.plugins.entries.Sent` entry).  The
 ingest joins the two by the task's key (:mod:`crux_dask.plugins.joins`), and
 :func:`task_events` makes the builder's events of them.  The scheduler also
-notes that the task finished, and where (a :data:`DONE` entry): a worker that
+notes that the task finished, and where (a
+:class:`~crux_dask.plugins.entries.Done` entry): a worker that
 dies takes with it what it had not sent yet, and its tasks are then recorded
 from what the scheduler knows (:class:`~crux_dask.plugins.joins.Reports`).
 
 A task no worker reports is recorded whole by the scheduler as it finishes, a
-:data:`TASK` entry: one that failed, one that ran on a worker without Crux,
-and one that opened files, whose worker leaves what only it knows in the
+:class:`~crux_dask.plugins.entries.Whole` entry: one that failed, one that ran on
+a worker without Crux, and one that opened files, whose worker leaves what only it knows in the
 task's metadata instead (:data:`~crux_dask.plugins.protocol.FILES`): the
 workers' reports reach the scheduler in batches, each worker's in its own
 order, but a task that reads a file another task wrote elsewhere must come
@@ -28,31 +30,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from crux_dask.model import file_location
+from crux_dask.plugins.entries import Whole
 from crux_dask.plugins.protocol import FILES, REPORT_FIELDS, SHARDS, TIMES, key_string
 
-__all__ = ["DONE", "SENT", "TASK", "Finished", "priority_number", "reported_task",
-           "scheduler_task", "task_events"]
+__all__ = ["Finished", "priority_number", "reported_task", "scheduler_task", "task_events"]
 
 #: Scales of :func:`priority_number`: a task's order within its graph stays
 #: exact below ``2**32`` tasks, its graph's generation below ``2**20``.
 _NAN = float("nan")
 _ORDER_SCALE = 2.0**32
 _GENERATION_SCALE = 2.0**20
-
-#: First field of the queue entry of a task the scheduler sent to a worker,
-#: ``(SENT, key, time, freed, root)``: ``freed`` is ``(key, worker)`` of the
-#: finished task that freed the queue slot it waited for, or None; ``root`` the
-#: number the scheduler gave its graph (-1: unknown).
-SENT = "sent"
-#: First field of the queue entry of a task the scheduler saw finish and its
-#: worker reports, ``(DONE, key, worker, time, nbytes)``.
-DONE = "done"
-#: First field of the queue entry of a task the scheduler records whole as it
-#: finishes, ``(TASK, key, finish, worker, thread, startstops, nbytes,
-#: dependencies, prefix, group, annotation, priority, metadata)``, in
-#: distributed's terms: ``metadata`` is what its worker sent with its completion.
-TASK = "task"
-
 
 class Finished(NamedTuple):
     """A task that finished, as :func:`task_events` reads it.
@@ -80,12 +67,12 @@ class Finished(NamedTuple):
     sent: tuple | None = None
 
 
-def scheduler_task(entry: tuple) -> Finished:
-    """The task of a :data:`TASK` entry: its ``compute`` interval, if any, is its run,
-    shifted to its worker's clock estimate as the worker left it in its metadata with
-    the task's moments, files and shards.  Moments in a form other than two times or
-    None, and a shift that is not a time, are left out."""
-    (_, key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
+def scheduler_task(entry: Whole) -> Finished:
+    """The task of a :class:`~crux_dask.plugins.entries.Whole` entry: its ``compute``
+    interval, if any, is its run, shifted to its worker's clock estimate as the worker
+    left it in its metadata with the task's moments, files and shards.  Moments in a
+    form other than two times or None, and a shift that is not a time, are left out."""
+    (key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
      annotation, priority, metadata) = entry
     start = stop = None
     for interval in startstops or ():

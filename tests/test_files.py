@@ -31,12 +31,12 @@ from crux_dask.dashboard.data import cached_key_groups
 from crux_dask.model import file_group, file_label
 from crux_dask.path import CATEGORIES
 from crux_dask.plugins import files as watched
+from crux_dask.plugins.entries import TaskFiles, Whole
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import FILES, FOLLOW
-from crux_dask.plugins.recorder import TASK_FILES
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.task_reports import FILES_INLINE
-from crux_dask.plugins.tasks import TASK, Finished, task_events
+from crux_dask.plugins.tasks import Finished, task_events
 
 HOST = "node1"
 A = "tcp://10.0.0.1:1"
@@ -178,7 +178,7 @@ def test_a_file_read_after_it_was_written_elsewhere_finds_the_write_whatever_the
     ingest.root(0.0, "graph")
 
     def task(key, worker, start, inputs, path, written):
-        return (TASK, key, "memory", worker, 1,
+        return Whole(key, "memory", worker, 1,
                 [{"action": "compute", "start": start, "stop": start + 1}], 8, inputs, key,
                 key, None, None, {FILES: (0.1, HOST, [[path, written, 100]])})
 
@@ -238,7 +238,7 @@ def read_then_spin(path: str, seconds: float) -> int:
 
 def sized_later(name: str, files, time: float = 1.0) -> tuple:
     """A task's entry whose worker sends its files after it."""
-    return (TASK, name, "memory", A, 1, [{"action": "compute", "start": time, "stop": time + 1}],
+    return Whole(name, "memory", A, 1, [{"action": "compute", "start": time, "stop": time + 1}],
             8, [], name, name, None, None, {FILES: (0.5, HOST, files)})
 
 
@@ -247,10 +247,10 @@ def test_files_sized_after_their_task_join_it_in_either_order_or_it_goes_without
     ingest.root(0.0, "graph")
     read = [["/in/a.csv", False, 10], ["/in/b.csv", False, 20]]
     ingest.queue.extend([
-        sized_later("after", FOLLOW, 1.0), (TASK_FILES, "after", A, read),   # the usual order
-        (TASK_FILES, "before", A, read), sized_later("before", FOLLOW, 3.0),  # files first
+        sized_later("after", FOLLOW, 1.0), TaskFiles("after", A, read),   # the usual order
+        TaskFiles("before", A, read), sized_later("before", FOLLOW, 3.0),  # files first
         sized_later("never", FOLLOW, 5.0),                                    # worker gone
-        (TASK_FILES, "stray", A, read),                                       # task never came
+        TaskFiles("stray", A, read),                                       # task never came
     ])
     ingest.pending = len(ingest.queue)
     ingest.apply_slice()

@@ -16,10 +16,10 @@ from crux_dask.dashboard.data import live_source
 from crux_dask.dashboard.off_loop import OffLoop
 from crux_dask.dashboard.steps import StepsTable
 from crux_dask.graph.builder import PAGBuilder
+from crux_dask.plugins.entries import Whole
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.protocol import FILES
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import TASK
 
 from workloads import chain
 
@@ -86,7 +86,7 @@ def test_a_worker_batch_larger_than_a_slice_is_split():
 def test_a_task_that_opened_many_files_is_applied_over_several_slices():
     def task(key: str, start: float, n_files: int) -> tuple:
         files = [0.1, "node1", [[f"/d/{key}-{i}", False, 10] for i in range(n_files)]]
-        return (TASK, key, "memory", "tcp://w:1", 1,
+        return Whole(key, "memory", "tcp://w:1", 1,
                 [{"action": "compute", "start": start, "stop": start + 0.5}], 8, [], "t", "t",
                 None, None, {FILES: files})
 

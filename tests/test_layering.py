@@ -15,6 +15,7 @@ SCHEDULER_ONLY = ("crux_dask.graph", "crux_dask.pag", "crux_dask.wcp", "crux_das
                   "crux_dask.dashboard", "crux_dask.plugins.scheduler",
                   "crux_dask.plugins.ingest", "crux_dask.plugins.joins",
                   "crux_dask.plugins.time_order", "crux_dask.plugins.recorder",
+                  "crux_dask.plugins.entries",
                   "crux_dask.plugins.engine", "crux_dask.plugins.journal",
                   "crux_dask.plugins.spool",
                   "crux_dask.plugins.api")

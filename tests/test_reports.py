@@ -11,13 +11,12 @@ import crux_dask
 from crux_dask.codec import encode_batch
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.model import CLIENT, memory_location
+from crux_dask.plugins.entries import Done, Lost, Sent
 from crux_dask.plugins.ingest import Ingest
 from crux_dask.plugins.joins import Announced, Sending
 from crux_dask.plugins.protocol import REPORT_FIELDS
-from crux_dask.plugins.recorder import LOST
 from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
-from crux_dask.plugins.tasks import DONE, SENT
 from crux_dask.plugins.worker import CruxWorkerPlugin
 from crux_dask.provenance import tasks_frame
 
@@ -51,9 +50,9 @@ def tasks_with_moments(pag):
 def test_a_reported_task_takes_what_the_scheduler_recorded_as_it_sent_it():
     ingest, graph = new_ingest()
     # Sent, taken back, sent again (keeps when it was first sent); then the report.
-    ingest.record((SENT, "x", 2.0, None, graph))
-    ingest.record((SENT, "x", 3.0, None, -1))
-    ingest.record((SENT, ("y", 0), 5.0, ("x", A), -1))
+    ingest.record(Sent("x", 2.0, None, graph))
+    ingest.record(Sent("x", 3.0, None, -1))
+    ingest.record(Sent(("y", 0), 5.0, ("x", A), -1))
     # Keys as Dask names them, a tuple as msgpack gives it back; the worker's priority
     # ends with its own generation.
     tasks = msgpack.packb([report("x", 4.0, 4.5, received=3.5, runnable=3.6),
@@ -95,14 +94,14 @@ def test_a_malformed_task_in_a_report_is_counted_and_the_others_are_applied():
 
 def test_a_late_report_is_waited_for_and_the_tasks_of_a_worker_that_died_are_not():
     ingest, _ = new_ingest()
-    ingest.record((DONE, "late", A, 3.0, 8))
-    ingest.record((DONE, "lost", B, 4.0, 16))
+    ingest.record(Done("late", A, 3.0, 8))
+    ingest.record(Done("lost", B, 4.0, 16))
     ingest.apply_slice()
     ingest.resolve(None)  # as a client's request for the graph does: not given up on
     assert len(computed(ingest)) == 0
     assert ingest.receive(tasks=msgpack.packb([report("late", 2.0, 3.0)]),
                           source=A)["status"] == "OK"
-    ingest.record((LOST, B, 5.0))  # died before it sent its report
+    ingest.record(Lost(B, 5.0))  # died before it sent its report
     ingest.apply_slice()
     tasks = computed(ingest)
     assert list(tasks.index) == ["late"]  # once, as its worker reported it
@@ -117,7 +116,7 @@ def test_a_late_report_is_waited_for_and_the_tasks_of_a_worker_that_died_are_not
 def test_a_gather_is_requested_when_the_scheduler_saw_its_task_finish(columns):
     # The worker records what a client gathered, not when it asked.
     ingest, _ = new_ingest()
-    ingest.record((DONE, "x", A, 2.5, 8))
+    ingest.record(Done("x", A, 2.5, 8))
     memory = memory_location(A)
     batch = [("transfer", "x", memory, CLIENT, 3.0, 3.1, 8),  # gathered
              ("transfer", "x", memory, CLIENT, 3.2, 3.3, 8, 3.15),  # its moment recorded
@@ -152,7 +151,7 @@ def test_finished_tasks_are_kept_for_gathers_within_a_bound():
 def test_sent_tasks_never_reported_are_kept_within_a_bound():
     sending = Sending(most=3)
     for i in range(5):
-        sending.record((SENT, f"t-{i}", float(i), None, -1))
+        sending.record(Sent(f"t-{i}", float(i), None, -1))
     assert sorted(sending.tasks) == ["t-2", "t-3", "t-4"] and sending.dropped == 2
     assert sending.take("t-3")[1] == 3.0 and sending.take("t-3") is None
 

@@ -258,28 +258,9 @@ class Ingest(TaskJoins, Recorder):
                     tasks, size = self._take_reports(room, refuse)
                 else:
                     queue.popleft()
-                    tasks, size = (), 1
+                    tasks, size = self._take_entry(item, now, parts, events, refuse), 1
                 taken += size
                 room -= size
-                try:
-                    if kind is Sent:
-                        self.sending.record(item)
-                    elif kind is Done:
-                        self.announced.done(self.reports.done(item, now), item.time)
-                    elif kind is Whole:
-                        tasks = (scheduler_task(item),)
-                    elif kind is TaskFiles:
-                        tasks = self._files_came(item, now)
-                    elif kind is Lost:  # what the worker held is gone
-                        for task in self._unreported(item.worker, None):
-                            events += self._events_of(task, now, refuse)
-                        apply_run(self.builder, self.announced, parts, events, now, refuse)
-                        parts, events = [], []
-                        self.builder.lose(item.worker, item.time)
-                    elif kind is not Reported:
-                        events.append(item)
-                except Exception as error:
-                    refuse(item, error)
                 if tasks:
                     room = self._take_tasks(tasks, kind is TaskFiles, room, now, parts,
                                             events, refuse)
@@ -288,6 +269,35 @@ class Ingest(TaskJoins, Recorder):
             self.pending -= taken
             self.taken += taken
         return taken, room
+
+    def _take_entry(self, item: Any, now: float, parts: list[EventColumns],
+                    events: list[tuple], refuse: Refuse) -> Sequence[Finished]:
+        """Take one entry of the queue (not a batch in columns, nor a
+        :class:`~crux_dask.plugins.entries.Reported`): an event joins the slice's run
+        (``parts`` and ``events``, emptied in place when applied here); the tasks it
+        completes are returned."""
+        kind = type(item)
+        try:
+            if kind is Sent:
+                self.sending.record(item)
+            elif kind is Done:
+                self.announced.done(self.reports.done(item, now), item.time)
+            elif kind is Whole:
+                return (scheduler_task(item),)
+            elif kind is TaskFiles:
+                return self._files_came(item, now)
+            elif kind is Lost:  # what the worker held is gone
+                for task in self._unreported(item.worker, None):
+                    events += self._events_of(task, now, refuse)
+                apply_run(self.builder, self.announced, parts, events, now, refuse)
+                parts.clear()
+                events.clear()
+                self.builder.lose(item.worker, item.time)
+            else:
+                events.append(item)
+        except Exception as error:
+            refuse(item, error)
+        return ()
 
     def _take_tasks(self, tasks: Sequence[Finished], completed: bool, room: int, now: float,
                     parts: list[EventColumns], events: list[tuple], refuse: Refuse) -> int:

@@ -169,131 +169,165 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     -------
     Schedule
         Times are seconds from the graph's root.
+
+    Raises
+    ------
+    ValueError
+        If the recorded inputs form a cycle.
     """
-    n = run.n_tasks
-    dep_ptr = run.dep_ptr.tolist()
-    deps = run.deps.tolist()
-    size = run.size.tolist()
-    dur = duration.tolist()
-    # Dependents, as compressed rows.
-    consumers = np.repeat(np.arange(n), np.diff(run.dep_ptr))
-    by_dep = np.argsort(run.deps, kind="stable")
-    users = consumers[by_dep].tolist()
-    user_ptr = np.searchsorted(run.deps[by_dep], np.arange(n + 1)).tolist()
-    waiting = np.diff(run.dep_ptr).tolist()
-    # Expected seconds per label (what Dask's occupancy uses) and root-ish tasks.
-    label = run.label
-    per_label = np.bincount(label, duration) / np.maximum(np.bincount(label), 1)
-    expected = per_label[label].tolist()
-    rootish = _rootish(run, workers * threads).tolist()
-    per_byte = 0.0 if math.isinf(bandwidth) else 1.0 / bandwidth
-    slots = max(math.ceil(saturation * threads), 1) if math.isfinite(saturation) else n + 1
+    replay = _Replay(run, workers, threads, duration, gaps, latency, bandwidth, saturation)
+    replay.play()
+    stop = np.asarray(replay.t_stop)
+    makespan = float(stop.max())
+    if len(run.outputs):
+        makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
+    return Schedule(np.asarray(replay.w_of), np.asarray(replay.th_of),
+                    np.asarray(replay.t_sent), np.asarray(replay.released_by),
+                    np.asarray(replay.t_run), np.asarray(replay.t_start), stop, replay.moved,
+                    workers, makespan)
 
-    occupancy = [0.0] * workers
-    processing = [0] * workers
-    free = [list(range(threads - 1, -1, -1)) for _ in range(workers)]
-    ready_heap: list[list[int]] = [[] for _ in range(workers)]
-    queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
-    held: dict[int, float] = {}  # task * workers + worker -> when its data is there
-    holders: list[list[int]] = [[] for _ in range(n)]  # the workers each result is at
-    home = [0] * n
-    w_of = [0] * n
-    th_of = [0] * n
-    t_sent = [0.0] * n
-    released_by = [-1] * n
-    t_run = [0.0] * n
-    t_start = [0.0] * n
-    t_stop = [0.0] * n
-    moved: list[tuple[int, int, int, float, float]] = []
-    events: list[tuple[float, int, int, int]] = []  # (time, 0 done / 1 runnable, task, worker)
-    push, pop = heapq.heappush, heapq.heappop
 
-    def begin(t: float, w: int) -> None:
-        task = pop(ready_heap[w])
-        th_of[task] = free[w].pop()
-        t_start[task] = t + gaps.dispatch
-        push(events, (t_start[task] + dur[task], 0, task, w))
+class _Replay:
+    """One replay under way: the run's tables as lists, and the cluster's state.
 
-    def assign(task: int, w: int, t: float) -> None:
+    Tasks are placed once their inputs are computed (:meth:`place`), sent to
+    a worker (:meth:`assign`), started once they are runnable there and a
+    thread is free (:meth:`begin`), and free their thread, queue slot and
+    dependents as they finish (:meth:`finish`).  :meth:`play` runs the events
+    in time order.
+    """
+
+    def __init__(self, run: Run, workers: int, threads: int, duration: np.ndarray,
+                 gaps: Gaps, latency: float, bandwidth: float, saturation: float) -> None:
+        n = run.n_tasks
+        self.workers, self.threads, self.gaps, self.latency = workers, threads, gaps, latency
+        self.dep_ptr, self.deps = run.dep_ptr.tolist(), run.deps.tolist()
+        self.size, self.dur = run.size.tolist(), duration.tolist()
+        # Dependents, as compressed rows.
+        consumers = np.repeat(np.arange(n), np.diff(run.dep_ptr))
+        by_dep = np.argsort(run.deps, kind="stable")
+        self.users = consumers[by_dep].tolist()
+        self.user_ptr = np.searchsorted(run.deps[by_dep], np.arange(n + 1)).tolist()
+        self.waiting = np.diff(run.dep_ptr).tolist()
+        # Expected seconds per label (what Dask's occupancy uses) and root-ish tasks.
+        label = run.label
+        per_label = np.bincount(label, duration) / np.maximum(np.bincount(label), 1)
+        self.expected = per_label[label].tolist()
+        self.rootish = _rootish(run, workers * threads).tolist()
+        self.per_byte = 0.0 if math.isinf(bandwidth) else 1.0 / bandwidth
+        self.slots = (max(math.ceil(saturation * threads), 1) if math.isfinite(saturation)
+                      else n + 1)
+        self.occupancy = [0.0] * workers
+        self.processing = [0] * workers
+        self.free = [list(range(threads - 1, -1, -1)) for _ in range(workers)]
+        self.ready: list[list[int]] = [[] for _ in range(workers)]
+        self.queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
+        self.held: dict[int, float] = {}  # task * workers + worker -> when its data is there
+        self.holders: list[list[int]] = [[] for _ in range(n)]  # the workers a result is at
+        self.home, self.w_of, self.th_of = [0] * n, [0] * n, [0] * n
+        self.released_by = [-1] * n
+        self.t_sent, self.t_run, self.t_start, self.t_stop = ([0.0] * n for _ in range(4))
+        self.moved: list[tuple[int, int, int, float, float]] = []
+        # (time, 0 done / 1 runnable, task, worker)
+        self.events: list[tuple[float, int, int, int]] = []
+
+    def play(self) -> None:
+        """Place the tasks without inputs, then run every event in time order."""
+        for task in range(len(self.waiting)):
+            if self.waiting[task] == 0:
+                self.place(task, 0.0)
+        events, ready, free = self.events, self.ready, self.free
+        while events:
+            t, what, task, w = heapq.heappop(events)
+            if what:  # runnable on w
+                heapq.heappush(ready[w], task)
+                if free[w]:
+                    self.begin(t, w)
+            else:
+                self.finish(t, task, w)
+        if self.queue or any(self.waiting):
+            raise ValueError("the replay could not run every task: the recorded inputs "
+                             "form a cycle")
+
+    def begin(self, t: float, w: int) -> None:
+        """Start the first ready task of ``w`` on a free thread at ``t``."""
+        task = heapq.heappop(self.ready[w])
+        self.th_of[task] = self.free[w].pop()
+        self.t_start[task] = start = t + self.gaps.dispatch
+        heapq.heappush(self.events, (start + self.dur[task], 0, task, w))
+
+    def assign(self, task: int, w: int, t: float) -> None:
         """Send ``task`` to ``w`` at ``t`` (its inputs all computed by then)."""
-        processing[w] += 1
-        occupancy[w] += expected[task]
-        w_of[task] = w
-        t_sent[task] = t
-        lo, hi = dep_ptr[task], dep_ptr[task + 1]
+        self.processing[w] += 1
+        self.occupancy[w] += self.expected[task]
+        self.w_of[task] = w
+        self.t_sent[task] = t
+        lo, hi = self.dep_ptr[task], self.dep_ptr[task + 1]
+        gaps = self.gaps
         if lo == hi:
             when = t + (gaps.slot if t > 0 else gaps.first)
         else:
             when = arrived = t + gaps.local
-            for d in deps[lo:hi]:
+            held, workers, size = self.held, self.workers, self.size
+            for d in self.deps[lo:hi]:
                 there = held.get(d * workers + w)
                 if there is None:
                     began = arrived + gaps.fetch
-                    there = began + latency + size[d] * per_byte
+                    there = began + self.latency + size[d] * self.per_byte
                     held[d * workers + w] = there
-                    holders[d].append(w)
-                    moved.append((d, home[d], w, began, there))
+                    self.holders[d].append(w)
+                    self.moved.append((d, self.home[d], w, began, there))
                 if there > when:
                     when = there
-        t_run[task] = when
-        push(events, (when, 1, task, w))
+        self.t_run[task] = when
+        heapq.heappush(self.events, (when, 1, task, w))
 
-    def place(task: int, t: float) -> None:
-        if rootish[task]:
-            w = min(range(workers), key=lambda w: (processing[w], occupancy[w], w))
-            if processing[w] < slots:
-                assign(task, w, t)
+    def place(self, task: int, t: float) -> None:
+        """Choose the worker of ``task``, whose inputs are computed at ``t``, as Dask
+        would: a root-ish task the least busy worker with a free slot (else it
+        queues), another the worker where its inputs cost least to fetch."""
+        processing, occupancy = self.processing, self.occupancy
+        workers = range(self.workers)
+        if self.rootish[task]:
+            w = min(workers, key=lambda w: (processing[w], occupancy[w], w))
+            if processing[w] < self.slots:
+                self.assign(task, w, t)
             else:
-                push(queue, task)
+                heapq.heappush(self.queue, task)
             return
-        lo, hi = dep_ptr[task], dep_ptr[task + 1]
+        lo, hi = self.dep_ptr[task], self.dep_ptr[task + 1]
         if lo == hi:
-            w = min(range(workers), key=lambda w: (occupancy[w], processing[w], w))
+            w = min(workers, key=lambda w: (occupancy[w], processing[w], w))
         else:
-            candidates = {w for d in deps[lo:hi] for w in holders[d]}
+            deps, held, size, n_workers = self.deps[lo:hi], self.held, self.size, self.workers
+            candidates = {w for d in deps for w in self.holders[d]}
             w = min(candidates, key=lambda w: (
-                occupancy[w] / threads + per_byte * sum(
-                    size[d] for d in deps[lo:hi] if d * workers + w not in held),
+                occupancy[w] / self.threads + self.per_byte * sum(
+                    size[d] for d in deps if d * n_workers + w not in held),
                 processing[w], w))
-        assign(task, w, t)
+        self.assign(task, w, t)
 
-    for task in range(n):
-        if waiting[task] == 0:
-            place(task, 0.0)
-    while events:
-        t, what, task, w = pop(events)
-        if what:  # runnable on w
-            push(ready_heap[w], task)
-            if free[w]:
-                begin(t, w)
-            continue
-        t_stop[task] = t
-        home[task] = w
-        held[task * workers + w] = t
-        holders[task].append(w)
-        free[w].append(th_of[task])
-        processing[w] -= 1
-        occupancy[w] -= expected[task]
-        if ready_heap[w]:
-            begin(t, w)
-        for user in users[user_ptr[task]:user_ptr[task + 1]]:
+    def finish(self, t: float, task: int, w: int) -> None:
+        """``task`` finished on ``w`` at ``t``: its thread, slot and dependents are free."""
+        self.t_stop[task] = t
+        self.home[task] = w
+        self.held[task * self.workers + w] = t
+        self.holders[task].append(w)
+        self.free[w].append(self.th_of[task])
+        self.processing[w] -= 1
+        self.occupancy[w] -= self.expected[task]
+        if self.ready[w]:
+            self.begin(t, w)
+        waiting = self.waiting
+        for user in self.users[self.user_ptr[task]:self.user_ptr[task + 1]]:
             waiting[user] -= 1
             if waiting[user] == 0:
-                place(user, t)
-        while queue and processing[w] < slots:
-            queued = pop(queue)
-            released_by[queued] = task
-            assign(queued, w, t)
-    if queue or any(waiting):
-        raise ValueError("the replay could not run every task: the recorded inputs form "
-                         "a cycle")
-    stop = np.asarray(t_stop)
-    makespan = float(stop.max())
-    if len(run.outputs):
-        makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
-    return Schedule(np.asarray(w_of), np.asarray(th_of),
-                    np.asarray(t_sent), np.asarray(released_by), np.asarray(t_run),
-                    np.asarray(t_start), stop, moved, workers, makespan)
+                self.place(user, t)
+        queue = self.queue
+        while queue and self.processing[w] < self.slots:
+            queued = heapq.heappop(queue)
+            self.released_by[queued] = task
+            self.assign(queued, w, t)
 
 
 def _rootish(run: Run, total_threads: int) -> np.ndarray:

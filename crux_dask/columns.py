@@ -44,7 +44,7 @@ COLUMNS: dict[str, str | None] = {
     "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
     "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
     "requested": "<f8", "received": "<f8", "runnable": "<f8", "priority": None,
-    "released_by": None, "released_on": None,
+    "released_by": None, "released_on": None, "announced": None,
 }
 #: The columns that hold indices into a batch's string table (``-1``: none).
 STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs",
@@ -91,6 +91,9 @@ class EventColumns:
         it); NaN where not recorded.
     priority : ndarray of float64
         A computation's priority in Dask, as one number; NaN where not recorded.
+    announced : ndarray of float64
+        When the scheduler learnt that a computation finished; NaN where not
+        recorded (never on the wire: the scheduler records it).
     released_by, released_on : ndarray
         Of a task the scheduler queued, the task whose completion freed its
         slot and that task's worker; ``-1`` for none.
@@ -117,6 +120,7 @@ class EventColumns:
     received: np.ndarray
     runnable: np.ndarray
     priority: np.ndarray
+    announced: np.ndarray
     released_by: np.ndarray
     released_on: np.ndarray
     others: dict[int, Any] = field(default_factory=dict)
@@ -173,7 +177,7 @@ class EventColumns:
                        stop, nbytes, inputs, int(self.root[i]), label, group, None, None,
                        origin, None, requested, _moment(self.received[i]),
                        _moment(self.runnable[i]), released_by, released_on,
-                       _moment(self.priority[i]))
+                       _moment(self.priority[i]), None, None, _moment(self.announced[i]))
 
     def events(self) -> list[Event]:
         """Every event, as tuples."""

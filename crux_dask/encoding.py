@@ -32,8 +32,9 @@ NONE = -1
 #: The moments an event carries (of a state's, :data:`~crux_dask.model.MOMENTS`): NaN
 #: where not recorded.
 EVENT_MOMENTS = ("requested", "received", "runnable")
-#: The columns that are NaN where not recorded: the moments and a task's priority.
-NOT_RECORDED = (*EVENT_MOMENTS, "priority")
+#: The columns that are NaN where not recorded: the moments, a task's priority and
+#: when the scheduler learnt it finished.
+NOT_RECORDED = (*EVENT_MOMENTS, "priority", "announced")
 
 
 def encode(events: list) -> dict[str, Any]:
@@ -151,11 +152,13 @@ def _numeric_columns(rows: _Rows) -> dict[str, np.ndarray]:
     received[ci] = rows.optional_numbers(ci, _C["received"])
     runnable[ci] = rows.optional_numbers(ci, _C["runnable"])
     requested[ti] = rows.optional_numbers(ti, _T["requested"])
-    priority = np.full(n, np.nan)
+    priority, announced = np.full((2, n), np.nan)
     priority[ci] = rows.optional_numbers(ci, _C["priority"])
+    announced[ci] = rows.optional_numbers(ci, _C["announced"])
     start[di] = stop[di] = rows.numbers(di, _D["time"], float)
     return dict(start=start, stop=stop, nbytes=nbytes, thread=thread, root=root,
-                requested=requested, received=received, runnable=runnable, priority=priority)
+                requested=requested, received=received, runnable=runnable, priority=priority,
+                announced=announced)
 
 
 def _mark_annotated(rows: _Rows) -> None:

@@ -48,7 +48,7 @@ class Compute(NamedTuple):
     the seconds of its run it spent on files (off the CPU after it opened its
     first file), where measured, and ``first_requested``, for a task the
     scheduler took back from a worker and sent again (rescheduled), when it
-    first sent it.
+    first sent it; ``announced``, when the scheduler learnt that it finished.
     """
 
     kind: str
@@ -74,6 +74,7 @@ class Compute(NamedTuple):
     priority: float | None = None
     io: float | None = None
     first_requested: float | None = None
+    announced: float | None = None
 
 
 class Transfer(NamedTuple):
@@ -165,7 +166,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
 #: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 9, "transfer": 5, "delete": 3, "file": 6,
+    "root": 1, "compute": len(Compute._fields) - 10, "transfer": 5, "delete": 3, "file": 6,
     "shard": 6}
 
 

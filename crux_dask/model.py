@@ -129,8 +129,10 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: files (``io``: off the CPU after it opened its first file), when the
 #: scheduler first sent a task it took back and sent again
 #: (``first_requested``: a task that raised ``Reschedule``, a P2P shuffle's
-#: output pinned to its worker, a task whose worker was lost), and when the
-#: task's graph reached the scheduler (``submitted``, always last).
+#: output pinned to its worker, a task whose worker was lost), when the
+#: scheduler learnt that the task finished (``announced``: its transition to
+#: memory ran), and when the task's graph reached the scheduler (``submitted``,
+#: always last).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
@@ -140,6 +142,7 @@ MOMENT_COLUMNS: dict[str, str] = {
     "priority": "float64",
     "io": "float64",
     "first_requested": "float64",
+    "announced": "float64",
     "submitted": "float64",
 }
 #: The per-state values of :data:`MOMENT_COLUMNS`, in order.

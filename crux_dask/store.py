@@ -66,7 +66,8 @@ class PAGStore:
     Per state too, the moments of the operation that made it
     (``requested``, ``received``, ``runnable``), the task's ``priority``, its
     seconds on files (``io``), when it was first sent where it was sent
-    again (``first_requested``) and when its graph was ``submitted``
+    again (``first_requested``), when the scheduler learnt it finished
+    (``announced``) and when its graph was ``submitted``
     (NaN where not recorded, see
     :data:`~crux_dask.model.MOMENT_COLUMNS`) and ``cause``: the cause through
     which the resource freed last came (``-1`` for none).
@@ -110,6 +111,7 @@ class PAGStore:
         self.state_priority = array("d")
         self.state_io = array("d")
         self.state_first_requested = array("d")
+        self.state_announced = array("d")
         self.state_submitted = array("d")
         self.state_cause = array("i")
         self.cause_src = array("i")

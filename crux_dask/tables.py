@@ -63,7 +63,8 @@ def schemas() -> dict[str, Any]:
             ("state_id", pa.int64()), ("requested", pa.float64()),
             ("received", pa.float64()), ("runnable", pa.float64()),
             ("priority", pa.float64()), ("io", pa.float64()),
-            ("first_requested", pa.float64()), ("submitted", pa.float64()),
+            ("first_requested", pa.float64()), ("announced", pa.float64()),
+            ("submitted", pa.float64()),
         ]),
         "scopes": pa.schema([
             ("kind", text), ("id", pa.string()), ("name", pa.string()),

@@ -134,7 +134,7 @@ _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"
              ("transfer", "nbytes"), ("transfer", "requested"),
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
                                               "released_on", "priority", "io",
-                                              "first_requested")),
+                                              "first_requested", "announced")),
              ("file", "requested")}
 
 _FIELD_CHECKS = {
@@ -144,6 +144,6 @@ _FIELD_CHECKS = {
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
     "sent": _time, "received": _time, "runnable": _time, "requested": _time,
     "released_by": _string, "released_on": _string, "priority": _time, "io": _time,
-    "first_requested": _time,
+    "first_requested": _time, "announced": _time,
     "written": _flag,
 }

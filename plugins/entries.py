@@ -38,7 +38,7 @@ class Whole(NamedTuple):
     """A task the scheduler records whole as it finishes, in distributed's terms.
 
     ``finish`` is ``memory`` or ``erred``; ``metadata`` is what its worker
-    sent with its completion.
+    sent with its completion; ``time`` when the scheduler recorded it.
     """
 
     key: Any
@@ -53,6 +53,7 @@ class Whole(NamedTuple):
     annotation: Any
     priority: Any
     metadata: Any
+    time: float
 
 
 class Lost(NamedTuple):

@@ -283,7 +283,9 @@ class Ingest(TaskJoins, Recorder):
             elif kind is Done:
                 self.announced.done(self.reports.done(item, now), item.time)
             elif kind is Whole:
-                return (scheduler_task(item),)
+                task = scheduler_task(item)
+                self.announced.done(task.key, item.time)
+                return (task,)
             elif kind is TaskFiles:
                 return self._files_came(item, now)
             elif kind is Lost:  # what the worker held is gone

@@ -132,7 +132,7 @@ class Reports:
         for join in late:
             _, where, when, nbytes = self.awaited.pop(join)[0]
             tasks.append(Finished(join[0], False, where, None, when, when, nbytes, (), None,
-                                  None, None, None))
+                                  None, None, None, announced=when))
         return tasks
 
 
@@ -166,6 +166,10 @@ class Announced:
         at.move_to_end(name)
         if len(at) > self.capacity:
             at.popitem(last=False)
+
+    def at(self, name: str, default: float | None = None) -> float | None:
+        """When the scheduler saw the task of key string ``name`` finish, if kept."""
+        return self._at.get(name, default)
 
     def gathers(self, events: list[tuple]) -> None:
         """Give the gathers among ``events`` (in place) without a ``requested`` moment
@@ -289,7 +293,8 @@ class TaskJoins:
     def _task_came(self, task: Finished, now: float) -> Finished | None:
         """``task`` with what the scheduler recorded as it sent it, and its files if
         they follow it; ``None`` while it waits for them."""
-        task = task._replace(sent=self.sending.take(task.key))
+        task = task._replace(sent=self.sending.take(task.key),
+                             announced=self.announced.at(task.key, task.announced))
         files = task.files
         if not (type(files) in (tuple, list) and len(files) == 3 and files[2] == FOLLOW):
             return task

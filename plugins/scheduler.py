@@ -223,7 +223,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
                 kwargs.get("nbytes") or 0, [dts.key for dts in ts.dependencies],
                 ts.prefix.name, ts.group.name,
                 ts.annotations.get("crux") if ts.annotations else None, ts.priority,
-                kwargs.get("metadata"))
+                kwargs.get("metadata"), time.time())
 
     # -- what the client API and the dashboard use --------------------------------
     def progress(self) -> Progress:

@@ -45,7 +45,8 @@ class Finished(NamedTuple):
     """A task that finished, as :func:`task_events` reads it.
 
     ``sent`` is what the scheduler recorded as it sent the task
-    (:meth:`Sending.take <crux_dask.plugins.joins.Sending.take>`), None if nothing.
+    (:meth:`Sending.take <crux_dask.plugins.joins.Sending.take>`), None if nothing;
+    ``announced`` when the scheduler learnt that it finished, None if not known.
     """
 
     key: str
@@ -65,6 +66,7 @@ class Finished(NamedTuple):
     files: Any = None
     shards: Any = None
     sent: tuple | None = None
+    announced: float | None = None
 
 
 def scheduler_task(entry: Whole) -> Finished:
@@ -73,7 +75,7 @@ def scheduler_task(entry: Whole) -> Finished:
     left it in its metadata with the task's moments, files and shards.  Moments in a
     form other than two times or None, and a shift that is not a time, are left out."""
     (key, finish, worker, thread, startstops, nbytes, dependencies, prefix, group,
-     annotation, priority, metadata) = entry
+     annotation, priority, metadata, _) = entry
     start = stop = None
     for interval in startstops or ():
         if interval.get("action") == "compute":
@@ -88,7 +90,8 @@ def scheduler_task(entry: Whole) -> Finished:
         start, stop = start + shift, stop + shift
     return Finished(key_string(key), finish == "erred", worker, thread, start, stop,
                     nbytes or 0, tuple(key_string(d) for d in dependencies), prefix, group,
-                    annotation, priority, received, runnable, files, shards)
+                    annotation, priority, received, runnable, files, shards,
+                    announced=entry.time)
 
 
 def reported_task(row: Any, worker: str) -> Finished:
@@ -167,7 +170,7 @@ def task_events(task: Finished, roots: Mapping[int, int] | None = None,
     compute = ("compute", name, worker, task.thread, start, stop, 0 if erred else task.nbytes,
                inputs, root, label or task.prefix, task.group, kind, location,
                "erred" if erred else None, reads, sent_at, task.received, task.runnable,
-               freed_key, freed_on, priority_number(task.priority), io, first)
+               freed_key, freed_on, priority_number(task.priority), io, first, task.announced)
     shards = task.shards
     split, made = (stop, ()) if erred or told or shards is None else _shards(shards, start,
                                                                               stop)

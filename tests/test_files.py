@@ -180,7 +180,7 @@ def test_a_file_read_after_it_was_written_elsewhere_finds_the_write_whatever_the
     def task(key, worker, start, inputs, path, written):
         return Whole(key, "memory", worker, 1,
                 [{"action": "compute", "start": start, "stop": start + 1}], 8, inputs, key,
-                key, None, None, {FILES: (0.1, HOST, [[path, written, 100]])})
+                key, None, None, {FILES: (0.1, HOST, [[path, written, 100]])}, start + 1)
 
     ingest.queue.extend([task("writer", A, 2.0, ["input"], "/o/p1", True),
                          task("reader", B, 2.95, [], "/o/p1", False)])
@@ -239,7 +239,7 @@ def read_then_spin(path: str, seconds: float) -> int:
 def sized_later(name: str, files, time: float = 1.0) -> tuple:
     """A task's entry whose worker sends its files after it."""
     return Whole(name, "memory", A, 1, [{"action": "compute", "start": time, "stop": time + 1}],
-            8, [], name, name, None, None, {FILES: (0.5, HOST, files)})
+            8, [], name, name, None, None, {FILES: (0.5, HOST, files)}, time + 1)
 
 
 def test_files_sized_after_their_task_join_it_in_either_order_or_it_goes_without():

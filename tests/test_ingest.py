@@ -88,7 +88,7 @@ def test_a_task_that_opened_many_files_is_applied_over_several_slices():
         files = [0.1, "node1", [[f"/d/{key}-{i}", False, 10] for i in range(n_files)]]
         return Whole(key, "memory", "tcp://w:1", 1,
                 [{"action": "compute", "start": start, "stop": start + 0.5}], 8, [], "t", "t",
-                None, None, {FILES: files})
+                None, None, {FILES: files}, start + 0.5)
 
     ingest = new_ingest(slice_events=100)
     for item in (task("big", 1.0, 250), task("small", 2.0, 1)):

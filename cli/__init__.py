@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from crux_dask.path import STAGES
 from crux_dask.wcp import CriticalPath
 
 if TYPE_CHECKING:
@@ -32,10 +33,11 @@ def format_path(path: CriticalPath, max_key: int = 40) -> str:
         at=(frame["stop"] - t0).round(3),
         busy=(frame["busy"] + frame["io"]).round(3),
         client=frame["client"].round(3),
-        sched=(frame["scheduling"] + frame["rescheduled"] + frame["queued"]).round(3),
+        **{part: frame[part].round(3) for part in STAGES},
+        sched=(frame["scheduling"] + frame["queued"]).round(3),
         wait=frame["wait"].round(3),
-    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "client", "sched",
-       "wait"]]
+    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "client", *STAGES,
+       "sched", "wait"]]
     return f"{table.to_string(index=False)}\n\n{path.summary()}"
 
 

@@ -17,12 +17,20 @@ into:
   client gathered data, the part after the scheduler saw its task finish
   (the scheduler telling the client, the client's request, its way to the
   worker);
-* **scheduling**: from the step's cause to the operation's start, where the
-  task's moments were recorded (when the scheduler sent it, when its worker got
-  it and could run it): the scheduler's decision, the message and the
-  worker's dispatch; before a gather, the worker's message that the task
-  finished;
-* **rescheduled**: of that, for a task the scheduler took back from a worker
+* the stages of Dask's pipeline from the step's cause to the operation's
+  start, where the task's moments were recorded, each between two of them:
+
+  - **report**: the step's first state made on its worker → the scheduler
+    learnt it (its transition of the task to memory ran): the worker's message;
+  - **scheduler**: → the scheduler sent the task (for a fetch: → the worker
+    asked for the data, which it does as the task arrives): the scheduler's
+    queue and decision;
+  - **dispatch**: sent → its worker received the task: the message;
+  - **worker**: received → started: the worker's own queue and event loop,
+    beyond what a thread or queue slot cause explains;
+  - **scheduling**: where a moment between two stages was not recorded (a
+    worker without Crux, a dataset of an older version), those stages together;
+* **rescheduled**: for a task the scheduler took back from a worker
   and sent again (a task that raised ``Reschedule``, a P2P shuffle's output
   run once only to pin it to its worker, a task whose worker was lost), the
   time from its first sending to its last;
@@ -47,13 +55,15 @@ from crux_dask.store import PAGStore
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "CriticalPath", "Steps"]
+__all__ = ["CATEGORIES", "NO_STEPS", "PARTS", "STAGES", "CriticalPath", "Steps"]
 
 #: Categories of the breakdown, in display order.
-CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "client", "scheduling",
-              "rescheduled", "queued", "wait")
+CATEGORIES = ("compute", "transfer", "spill", "io", "delete", "client", "report", "scheduler",
+              "rescheduled", "dispatch", "worker", "scheduling", "queued", "wait")
+#: The stages of Dask's pipeline a step's gap splits into, in time order.
+STAGES = ("report", "scheduler", "rescheduled", "dispatch", "worker")
 #: The parts of a step's cost besides its busy part, each a category of its own.
-PARTS = ("io", "client", "scheduling", "rescheduled", "queued", "wait")
+PARTS = ("io", "client", *STAGES, "scheduling", "queued", "wait")
 #: The steps of a path, in order: whether each came through a cause, and the id
 #: of its cause or mutation.
 Steps = tuple[np.ndarray, np.ndarray]
@@ -110,8 +120,8 @@ class CriticalPath:
         """The path from the time ``start`` on (the same path if it starts later).
 
         The part of the first step before ``start`` is taken off, earliest
-        part first: its ``wait``, ``client``, ``queued``, ``scheduling``,
-        ``rescheduled``, ``io``, then its busy part.  The states are kept;
+        part first: its ``wait``, ``client``, the stages in order,
+        ``scheduling``, ``queued``, ``io``, then its busy part.  The states are kept;
         :attr:`length` and :attr:`breakdown` count from ``start``.
         """
         if not len(self.states) or self.states["time"].iloc[0] >= start:
@@ -120,7 +130,7 @@ class CriticalPath:
         cut = min(start, end) - float(self.states["time"].iloc[0])
         steps = self.steps.copy()
         steps.loc[0, "cost"] -= cut
-        for part in ("wait", "client", "queued", "scheduling", "rescheduled", "io", "busy"):
+        for part in ("wait", "client", *STAGES, "scheduling", "queued", "io", "busy"):
             taken = min(cut, max(float(steps.loc[0, part]), 0.0))
             steps.loc[0, part] -= taken
             cut -= taken
@@ -140,8 +150,7 @@ class CriticalPath:
         the cause's); ``category`` of the busy part; ``key``, ``label``,
         ``source`` and ``destination`` locations, ``size``; ``start`` and
         ``stop`` of the operation; ``cost``
-        and its parts ``busy``, ``io``, ``client``, ``scheduling``, ``queued`` and
-        ``wait``.
+        and its parts ``busy`` and :data:`PARTS`.
         """
         return self.steps
 
@@ -151,7 +160,7 @@ class CriticalPath:
         One row per prefix, most seconds first: ``prefix``, ``seconds`` on the
         path (the cost of its steps), ``share`` of the path's length,
         ``steps``, and the ``dominant`` category of those seconds (a busy
-        category, ``io``, ``client``, ``scheduling``, ``queued`` or ``wait``).
+        category or one of :data:`PARTS`).
         """
         import pandas as pd
         steps = self.steps
@@ -251,8 +260,8 @@ def _steps(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.
         "size": states["size"].iloc[1:].reset_index(drop=True),
         "start": start,
         "stop": stop,
-        **_cost_parts(store, through_cause, ids, dst, src_time, start, stop, category,
-                      gathered),
+        **_cost_parts(store, through_cause, ids, src, dst, src_time, start, stop, category,
+                      gathered, kind_code == len(MutationKind) + CauseKind.THREAD),
     })
 
 
@@ -305,9 +314,10 @@ def _categories(store: PAGStore, through_cause: np.ndarray, kind_code: np.ndarra
     return category, moved & (dst_class == "client")
 
 
-def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray,
+def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src: np.ndarray,
                 dst: np.ndarray, src_time: np.ndarray, start: np.ndarray, stop: np.ndarray,
-                category: np.ndarray, gathered: np.ndarray) -> dict[str, np.ndarray]:
+                category: np.ndarray, gathered: np.ndarray, via_thread: np.ndarray
+                ) -> dict[str, np.ndarray]:
     """Each step's ``cost`` and its parts: ``busy``, ``io`` and the gap's (:func:`_gap_parts`).
 
     Parameters
@@ -315,14 +325,16 @@ def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray,
     store : PAGStore
     through_cause, ids : numpy.ndarray
         Whether each step came through a cause, and the id of its cause or mutation.
-    dst : numpy.ndarray
-        The state each step goes to.
+    src, dst : numpy.ndarray
+        The state each step goes from, and the state it goes to.
     src_time, start, stop : numpy.ndarray
         When each step's first state was made, and when its operation started
         and stopped.
     category, gathered : numpy.ndarray
         The category of each step's busy part, and whether it is a gather
         (:func:`_categories`).
+    via_thread : numpy.ndarray
+        Whether each step came through a thread its worker freed.
     """
     cost = stop - src_time
     busy = np.zeros(len(ids))
@@ -335,19 +347,29 @@ def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray,
         np.nan_to_num(store.column("state_io", dst)).clip(0.0), busy), 0.0)
     busy -= io
     is_fetch = (category == "transfer") & ~gathered
+    # When the scheduler learnt the step's first state was made; not of a freed
+    # thread, which the worker hands on by itself.  A task's state (its moments
+    # recorded) without it: the announcement went unrecorded.
+    announced = np.where(via_thread, np.nan, store.column("state_announced", src))
+    untold = ~via_thread & np.isnan(announced) & ~np.isnan(store.column("state_requested",
+                                                                          src))
     return {"cost": cost, "busy": busy, "io": io,
-            **_gap_parts(store, dst, gap, src_time, start, is_fetch, gathered)}
+            **_gap_parts(store, dst, gap, src_time, announced, untold, is_fetch, gathered)}
 
 
 def _gap_parts(store: PAGStore, dst: np.ndarray, gap: np.ndarray, src_time: np.ndarray,
-               start: np.ndarray, is_fetch: np.ndarray, gathered: np.ndarray
-               ) -> dict[str, np.ndarray]:
-    """The parts of each step's gap (its cost outside its operation).
+               announced: np.ndarray, untold: np.ndarray, is_fetch: np.ndarray,
+               gathered: np.ndarray) -> dict[str, np.ndarray]:
+    """The parts of each step's gap (its cost outside its operation): see the module's
+    description.
 
-    ``client``, ``scheduling``, ``rescheduled``, ``queued`` and ``wait``, in
-    the order of the steps frame's columns: see the module's description.
-    Only the gap of a step whose moments were recorded is explained; the rest
-    of it, and a negative gap (clocks that disagree), is ``wait``.
+    Only the gap of a step whose ``requested`` moment was recorded is
+    explained, as a chain of intervals between recorded moments from its
+    first state to its operation's start: ``client`` (before the graph was
+    submitted), the :data:`STAGES`, then ``queued`` for a fetch and
+    ``client`` for a gather.  Each moment is clipped into the interval the
+    ones before it leave.  The rest of the gap, and a negative gap (clocks
+    that disagree), is ``wait``.
 
     Parameters
     ----------
@@ -356,30 +378,60 @@ def _gap_parts(store: PAGStore, dst: np.ndarray, gap: np.ndarray, src_time: np.n
         The state each step goes to.
     gap : numpy.ndarray
         Seconds of each step's cost outside its busy part and io.
-    src_time, start : numpy.ndarray
-        When each step's first state was made, and when its operation started.
+    src_time : numpy.ndarray
+        When each step's first state was made.
+    announced, untold : numpy.ndarray
+        When the scheduler learnt that, where it counts (NaN elsewhere), and
+        whether it was not recorded though it counts: the step's ``report``
+        and ``scheduler`` stages are then ``scheduling`` together.
     is_fetch, gathered : numpy.ndarray
         Whether each step is a transfer between workers, or to the client.
     """
-    requested = store.column("state_requested", dst)
-    recorded = ~np.isnan(requested)
-    explained = np.maximum(gap, 0.0)  # a negative gap is the clocks disagreeing: wait
-    # From the request to the start: a fetch waiting for its worker's transfer
-    # capacity; a gather, the client told its data was ready and fetching it.
-    after_request = np.clip(start - np.maximum(requested, src_time), 0.0, explained)
-    queued = np.where(recorded & is_fetch, after_request, 0.0)
-    # Before the graph reached the scheduler, nothing could schedule the operation;
-    # after the scheduler told a client its data was ready, the client fetched it.
-    submitted = store.column("state_submitted", dst)
-    client = np.where(recorded & ~np.isnan(submitted),
-                      np.clip(np.minimum(submitted, start) - src_time, 0.0, explained - queued),
-                      0.0)
-    client = np.where(recorded & gathered, after_request, client)
-    # Sent, taken back and sent again: from its first sending to its last.
-    first = store.column("state_first_requested", dst)
-    rescheduled = np.where(recorded & ~np.isnan(first), np.clip(
-        requested - np.maximum(first, src_time), 0.0, explained - queued - client), 0.0)
-    scheduling = np.where(recorded, explained - queued - client - rescheduled, 0.0)
-    wait = gap - scheduling - rescheduled - queued - client
-    return {"client": client, "scheduling": scheduling, "rescheduled": rescheduled,
-            "queued": queued, "wait": wait}
+    moment = {name: store.column(f"state_{name}", dst)
+              for name in ("requested", "received", "submitted", "first_requested")}
+    recorded = ~np.isnan(moment["requested"])
+    end = src_time + np.where(recorded, np.maximum(gap, 0.0), 0.0)
+    chain = _Chain(src_time, end)
+    task = ~is_fetch & ~gathered
+    parts = {
+        # Before the graph reached the scheduler, nothing could schedule the operation.
+        "client": chain.to(np.where(task, moment["submitted"], np.nan)),
+        # A gather's request is the scheduler's announcement, where the client's
+        # copy came from elsewhere than the task's worker.
+        "report": chain.to(np.where(gathered & np.isnan(announced), moment["requested"],
+                                    announced)),
+        "scheduler": chain.to(np.where(task, np.fmin(moment["first_requested"],
+                                                     moment["requested"]),
+                                       np.where(is_fetch, moment["requested"], np.nan))),
+        "rescheduled": chain.to(np.where(task, moment["requested"], np.nan)),
+        "dispatch": chain.to(np.where(task, moment["received"], np.nan)),
+    }
+    # The rest: a task's worker once it had the task; a fetch waiting for its worker's
+    # transfer capacity; a gather, the client told its data was ready and fetching it;
+    # where the task's arrival was not recorded, every stage after its sending.
+    rest = end - chain.at
+    arrived = task & ~np.isnan(moment["received"])
+    parts["worker"] = np.where(arrived, rest, 0.0)
+    parts["scheduling"] = np.where(task & ~arrived, rest, 0.0)
+    parts["queued"] = np.where(is_fetch, rest, 0.0)
+    parts["client"] = parts["client"] + np.where(gathered, rest, 0.0)
+    untold = recorded & untold & ~gathered
+    parts["scheduling"] += np.where(untold, parts["scheduler"], 0.0)
+    parts["scheduler"] = np.where(untold, 0.0, parts["scheduler"])
+    parts["wait"] = gap - sum(parts.values())
+    return parts
+
+
+class _Chain:
+    """Intervals one after the other, from ``at`` (each step's) to at most ``end``."""
+
+    def __init__(self, at: np.ndarray, end: np.ndarray) -> None:
+        self.at, self.end = at.copy(), end
+
+    def to(self, moment: np.ndarray) -> np.ndarray:
+        """Seconds from where the chain is to ``moment`` (clipped into what is left);
+        none where it is NaN.  The chain then goes on from there."""
+        reached = np.where(np.isnan(moment), self.at, np.clip(moment, self.at, self.end))
+        seconds = reached - self.at
+        self.at = reached
+        return seconds

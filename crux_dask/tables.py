@@ -77,8 +77,9 @@ def schemas() -> dict[str, Any]:
             ("key", pa.string()), ("label", text), ("source", text), ("destination", text),
             ("size", pa.int64()), ("start", pa.float64()), ("stop", pa.float64()),
             ("cost", pa.float64()), ("busy", pa.float64()), ("io", pa.float64()),
-            ("client", pa.float64()),
-            ("scheduling", pa.float64()), ("rescheduled", pa.float64()),
+            ("client", pa.float64()), ("report", pa.float64()), ("scheduler", pa.float64()),
+            ("rescheduled", pa.float64()), ("dispatch", pa.float64()),
+            ("worker", pa.float64()), ("scheduling", pa.float64()),
             ("queued", pa.float64()), ("wait", pa.float64()),
         ]),
     }

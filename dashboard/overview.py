@@ -5,8 +5,8 @@ computed, moved, spilled or released), sized by its data volume; an edge
 counts the mutations from one group to another, and a group sits one layer to
 the right of the deepest group it takes data from.  Groups the path goes
 through are coloured by where the path's time in them went (its busy
-categories, scheduling, rescheduled, queued, wait) and joined by the path's own edges;
-the others are grey.
+categories, then its gaps: client, the stages, queued, wait) and joined by the
+path's own edges; the others are grey.
 
 Each update folds in only the states and mutations added since the last one,
 and the figure shows at most ``max_groups`` nodes (those on the path first,
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, DataTable, HoverTool
-from bokeh.palettes import Category10
+from bokeh.palettes import Category20
 from bokeh.plotting import figure
 from distributed.utils import log_errors
 
@@ -44,7 +44,7 @@ DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
 NODE_COLUMNS = ("x", "y", "group", "label", "name", "count", "bytes", "radius", "color",
                 "dominant", "on_path")
 #: A colour per category of the path's time; groups off the path are grey.
-CATEGORY_COLORS = dict(zip(CATEGORIES, Category10[10]))
+CATEGORY_COLORS = dict(zip(CATEGORIES, Category20[len(CATEGORIES)]))
 OFF_PATH = "#c7c7c7"
 #: What a group off the path is "mostly", in the legend and the hover.
 OFF_PATH_LABEL = "off the path"

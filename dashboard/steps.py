@@ -12,7 +12,8 @@ from crux_dask.dashboard.datatables import table_columns
 from crux_dask.dashboard.pieces import text
 
 COLUMNS = ("step", "via", "kind", "key", "source", "destination", "busy", "io", "client",
-           "scheduling", "rescheduled", "queued", "wait", "scope")
+           "report", "scheduler", "rescheduled", "dispatch", "worker", "scheduling", "queued",
+           "wait", "scope")
 TEXT = ("via", "kind", "key", "source", "destination")
 
 
@@ -43,8 +44,10 @@ class StepsTable(Component):
             ("step", "#", 30), ("via", "released by", 70), ("kind", "kind", 80),
             ("key", "key", 260), ("source", "from", 180), ("destination", "to", 180),
             ("busy", "busy (s)", 70, "0.000"), ("io", "io (s)", 60, "0.000"),
-            ("client", "client (s)", 70, "0.000"),
-            ("scheduling", "scheduling (s)", 80, "0.000"),
+            ("client", "client (s)", 70, "0.000"), ("report", "report (s)", 70, "0.000"),
+            ("scheduler", "scheduler (s)", 80, "0.000"),
             ("rescheduled", "rescheduled (s)", 85, "0.000"),
+            ("dispatch", "dispatch (s)", 75, "0.000"), ("worker", "worker (s)", 70, "0.000"),
+            ("scheduling", "scheduling (s)", 80, "0.000"),
             ("queued", "queued (s)", 70, "0.000"), ("wait", "wait (s)", 70, "0.000"),
             ("scope", "scope", 70)), **kwargs)

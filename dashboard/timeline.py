@@ -18,12 +18,12 @@ from crux_dask.dashboard.component import Component
 from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.pieces import set_in_pieces, text
 from crux_dask.model import CauseKind, MutationKind
+from crux_dask.path import PARTS
 
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
 #: A bar's lane is its step's destination.
 COLUMNS = ("left", "right", "wait_left", "kind", "via", "key", "label", "size", "source",
-           "destination", "busy", "io", "client", "scheduling", "rescheduled", "queued", "wait",
-           "start", "stop")
+           "destination", "busy", "io", *PARTS[1:], "start", "stop")
 TEXT = ("kind", "via", "key", "label", "source", "destination")
 LINKS = ("x0", "y0", "x1", "y1", "kind", "via")
 
@@ -40,9 +40,7 @@ def timeline_columns(view: GraphView) -> tuple[list, dict, dict]:
         "right": stop,
         "wait_left": stop - steps["cost"].to_numpy(),
         **{c: text(steps[c]) for c in TEXT},
-        **{c: steps[c].to_numpy() for c in ("size", "busy", "io", "client", "scheduling",
-                                             "rescheduled", "queued", "wait", "start",
-                                             "stop")},
+        **{c: steps[c].to_numpy() for c in ("size", "busy", *PARTS, "start", "stop")},
     }
     handoff = data["via"] != "data"
     links = {
@@ -83,11 +81,8 @@ class WCPTimeline(Component):
         self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
             ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
             ("size", "@size{0.0 b}"), ("from", "@source"), ("to", "@destination"),
-            ("busy", "@busy{0.000} s"), ("io", "@io{0.000} s"),
-            ("client", "@client{0.000} s"),
-            ("scheduling", "@scheduling{0.000} s"),
-            ("rescheduled", "@rescheduled{0.000} s"),
-            ("queued", "@queued{0.000} s"), ("wait", "@wait{0.000} s")]))
+            ("busy", "@busy{0.000} s"),
+            *((part, f"@{part}{{0.000}} s") for part in PARTS)]))
         self.root.legend.location = "top_left"
 
     @property

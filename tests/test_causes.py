@@ -20,7 +20,7 @@ from distributed.diagnostics.task_stream import TaskStreamPlugin
 
 import crux_dask
 from crux_dask import PAGBuilder
-from crux_dask.path import CATEGORIES
+from crux_dask.path import CATEGORIES, PARTS
 
 A = "tcp://10.0.0.1:1"
 B = "tcp://10.0.0.2:1"
@@ -233,6 +233,24 @@ def test_the_client_fetching_a_result_is_client_time_from_when_the_scheduler_saw
     check_breakdown(path)
 
 
+def test_when_the_scheduler_learnt_a_task_finished_is_in_its_own_story(two_by_two):
+    # The announced moment is the scheduler's transition of the task to memory: its
+    # transition log is the independent witness.
+    client = two_by_two
+    fan_in(8, lambda i: 0.02, name="announced").compute()
+    pag = crux_dask.get_pag(client)
+    moments = pag.moments.set_index("state_id")["announced"].dropna()
+    keys = pag.states.set_index("state_id").loc[moments.index, "key"]
+    learnt = dict(zip(keys, moments))
+    finished = client.run_on_scheduler(lambda dask_scheduler: {
+        key: at for key, start, finish, *_, at in dask_scheduler.story(*learnt)
+        if (start, finish) == ("processing", "memory")})
+    ours = {key: at for key, at in learnt.items() if key.startswith("announced")}
+    assert len(ours) == 9  # every task of the graph, and the total
+    for key, at in ours.items():
+        assert at == pytest.approx(finished[key], abs=0.005), key
+
+
 # -- the rules, on events built by hand --------------------------------------------
 def test_a_task_runnable_before_its_thread_was_free_waited_for_the_task_before():
     b = PAGBuilder()
@@ -281,14 +299,36 @@ def test_a_releaser_never_reported_leaves_the_task_without_a_cause():
     check_breakdown(path)
 
 
-def test_without_moments_the_time_before_a_task_is_wait_and_with_them_scheduling():
-    for moments, part in (({}, "wait"), ({"sent": 0.5}, "scheduling")):
-        b = PAGBuilder()
-        b.root(0.0)
-        b.compute("x", A, 1, 1.0, 2.0, 8, (), **moments)
-        path = b.pag().wcp()
-        assert path.breakdown[part] == pytest.approx(1.0)
-        assert path.breakdown["compute"] == pytest.approx(1.0)
+@pytest.mark.parametrize(("moments", "parts"), [
+    ({}, {"wait": 1.0}),  # nothing recorded: nothing explained
+    ({"sent": 0.5}, {"scheduler": 0.5, "scheduling": 0.5}),  # its arrival not recorded
+    ({"sent": 0.5, "received": 0.7}, {"scheduler": 0.5, "dispatch": 0.2, "worker": 0.3}),
+])
+def test_the_time_before_a_task_is_the_stages_its_moments_bound(moments, parts):
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 1.0, 2.0, 8, (), **moments)
+    path = b.pag().wcp()
+    gaps = {part: path.breakdown[part] for part in PARTS if path.breakdown[part]}
+    assert gaps == pytest.approx(parts)
+    assert path.breakdown["compute"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("announced", "parts"), [
+    (2.1, {"report": 0.1, "scheduler": 0.2, "dispatch": 0.05, "worker": 0.15}),
+    # Not recorded: the worker's message and the scheduler's decision are one.
+    (None, {"scheduling": 0.3, "dispatch": 0.05, "worker": 0.15}),
+])
+def test_a_task_waits_for_its_input_to_be_reported_then_to_be_sent(announced, parts):
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 1.0, 2.0, 8, (), sent=0.5, received=0.6, announced=announced)
+    b.compute("y", A, 1, 2.5, 3.0, 8, ("x",), sent=2.3, received=2.35)
+    steps = b.pag().wcp().to_frame()
+    last = steps.iloc[-1]
+    assert last["key"] == "y"
+    gaps = {part: last[part] for part in PARTS if abs(last[part]) > 1e-9}
+    assert gaps == pytest.approx(parts)
 
 
 def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
@@ -328,7 +368,9 @@ def test_data_of_an_earlier_computation_waited_for_the_client_before_the_schedul
     assert path.states["key"].tolist()[-2:] == ["x", "y"]
     step = path.to_frame().iloc[-1]
     assert step["client"] == pytest.approx(3600.0)  # from x's stop to the second graph
-    assert step["scheduling"] == pytest.approx(1.0)  # from then to y's start
+    # From then to y's start: sent (x's report not recorded), received, started.
+    assert [step[part] for part in ("scheduling", "dispatch", "worker")] == pytest.approx(
+        [0.5, 0.1, 0.4])
     assert path.breakdown["client"] == pytest.approx(3600.0)
     check_breakdown(path)
     # A task of the graph that made its input waited for no client.

@@ -29,7 +29,8 @@ def test_demo_prints_its_path_writes_a_report_and_serves_the_dashboard(tmp_path:
         assert "Workflow critical path (observed)" in text
         assert "load" in text and "report" in text
         header = next(line.split() for line in lines if line.split()[:1] == ["step"])
-        assert header[-4:] == ["busy", "client", "sched", "wait"]  # the parts of each step
+        assert header[-9:] == ["busy", "client", "report", "scheduler", "rescheduled",
+                               "dispatch", "worker", "sched", "wait"]  # each step's parts
         assert report.stat().st_size > 100_000  # Bokeh inlined: no server needed
         assert "crux-timeline" in report.read_text()
         url = line.split()[1]

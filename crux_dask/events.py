@@ -111,9 +111,9 @@ class FileAccess(NamedTuple):
 
     A read (``written`` false) comes before the task's ``compute`` event: the
     file's content reaches the worker's memory at ``time`` (the task's start),
-    ``requested`` being when the scheduler sent the task, and ``root`` the
-    root state of the task's graph, ``inputs`` the keys of the task's
-    inputs.  A write comes after
+    ``requested`` being when the scheduler sent the task, ``received`` when
+    its worker got it, ``root`` the root state of the task's graph and
+    ``inputs`` the keys of the task's inputs.  A write comes after
     it: the file, ``nbytes`` long, is made from the task's data at ``time``
     (the task's stop).
     """
@@ -128,6 +128,7 @@ class FileAccess(NamedTuple):
     requested: float | None = None
     root: int = -1
     inputs: tuple[str, ...] = ()
+    received: float | None = None
 
 
 class Shard(NamedTuple):

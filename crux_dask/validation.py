@@ -135,7 +135,7 @@ _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
                                               "released_on", "priority", "io",
                                               "first_requested", "announced")),
-             ("file", "requested")}
+             ("file", "requested"), ("file", "received")}
 
 _FIELD_CHECKS = {
     "key": _string, "worker": _string, "source": _string, "destination": _string,

@@ -178,7 +178,7 @@ def task_events(task: Finished, roots: Mapping[int, int] | None = None,
         return [compute]
     return [
         *(("file", name, worker, file_location(host, path), False, start, size, sent_at, root,
-           inputs) for path, written, size in opened if not written),
+           inputs, task.received) for path, written, size in opened if not written),
         compute,
         *(("file", name, worker, file_location(host, path), True, stop, size)
           for path, written, size in opened if written),

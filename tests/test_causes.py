@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import pairwise
 
 import dask
 import dask.array as da
 import dask.bag as db
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
 import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.task_stream import TaskStreamPlugin
@@ -58,6 +62,29 @@ def check_breakdown(path) -> None:
     assert all(seconds >= -1e-9 for category, seconds in path.breakdown.items()
                if category != "wait"), path.breakdown
     assert path.breakdown["wait"] >= -0.01 * len(path)
+
+
+def check_stages(pag, path) -> None:
+    """Each step's parts add up to its cost, and each stage of its scheduling lies between
+    the two moments recorded for it (from the graph's moments table)."""
+    steps = path.to_frame()
+    parts = steps["busy"] + steps[list(PARTS)].sum(axis=1)
+    assert (parts - steps["cost"]).abs().max() <= 1e-3
+    moments = pag.moments.set_index("state_id").reindex(pd.concat([steps["src"],
+                                                                    steps["dst"]]).unique())
+    at = {name: moments[name].reindex(steps["dst"]).to_numpy() for name in moments}
+    src_time = steps["stop"] - steps["cost"]
+    announced = moments["announced"].reindex(steps["src"]).to_numpy()
+    bounds = {
+        "report": announced - src_time,
+        "scheduler": at["requested"] - src_time,
+        "dispatch": at["received"] - at["requested"],
+        "worker": steps["start"] - at["received"],
+    }
+    for stage, most in bounds.items():
+        most = pd.Series(most, index=steps.index)
+        assert (steps[stage][most.isna()] == 0).all(), stage  # no moments, no stage
+        assert (steps[stage] <= most.clip(lower=0) + 1e-9)[most.notna()].all(), stage
 
 
 def warm_up(client: Client) -> None:
@@ -121,6 +148,31 @@ def test_tasks_queued_for_one_thread_are_the_path(one_thread):
         assert step.start == pytest.approx(start, abs=0.25)
 
 
+def test_reads_of_more_files_than_threads_wait_for_the_reads_before_them(one_thread,
+                                                                          tmp_path):
+    # Eight files for one thread: each read waits for the thread the task before it
+    # held, and the path walks through them, not through one long wait of a read.
+    client = one_thread
+    for i in range(8):
+        pd.DataFrame({"x": np.random.default_rng(i).random(400_000)}).to_parquet(
+            tmp_path / f"part.{i}.parquet")
+    dd.read_parquet(tmp_path).x.sum().compute()
+    path = crux_dask.get_wcp(client)
+    check_breakdown(path)
+    check_stages(crux_dask.get_pag(client), path)
+    steps = path.to_frame()
+    reads = steps[steps["label"].str.startswith("read_parquet")]
+    assert len(reads) >= 4, steps.to_string()
+    assert (steps["via"] == "thread").sum() >= len(reads) - 1
+    first = steps[steps["category"] == "io"].iloc[0]  # a file's content into memory
+    assert first["cost"] <= 0.1 * path.length, steps.to_string()
+    # Dask's task stream: the reads on the path ran one after another.
+    stream = {str(r["key"]): r for r in client.run_on_scheduler(task_stream)}
+    runs = sorted(next((s["start"], s["stop"]) for s in stream[key]["startstops"]
+                       if s["action"] == "compute") for key in reads["key"])
+    assert all(later[0] >= earlier[1] for earlier, later in pairwise(runs))
+
+
 def test_a_graph_without_contention_has_no_thread_cause(one_thread):
     client = one_thread
     chain = dask.delayed(work)(0, 0.05, dask_key_name="alone-0")
@@ -174,6 +226,11 @@ def test_the_thread_of_the_slow_task_is_the_path(two_by_two):
     check_breakdown(path)
 
 
+def frame(seed: int = 1) -> dd.DataFrame:
+    return dask.datasets.timeseries(start="2000-01-01", end="2000-01-05", freq="10s",
+                                    partition_freq="1D", seed=seed).reset_index()
+
+
 def tree():
     def inc(x: int) -> int:
         time.sleep(0.01)
@@ -193,6 +250,8 @@ COLLECTIONS = {
     "bag foldby": lambda: db.from_sequence(range(200_000), npartitions=16).foldby(
         lambda x: x % 10, lambda a, x: a + x, 0, lambda a, b: a + b, 0),
     "delayed tree": tree,
+    "p2p groupby": lambda: frame().groupby("name").x.mean(split_out=4, shuffle_method="p2p"),
+    "p2p hash join": lambda: frame().merge(frame(2), on="id", shuffle_method="p2p").size,
 }
 
 
@@ -202,8 +261,10 @@ def test_every_second_of_a_real_collection_has_a_cause(two_by_two, name):
     dask.compute(COLLECTIONS[name]())
     path = crux_dask.get_wcp(client)
     check_breakdown(path)
-    steps = path.to_frame()[["via", "kind", "key", "busy", "scheduling", "wait"]]
-    assert path.breakdown["wait"] <= 0.1 * path.length, \
+    check_stages(crux_dask.get_pag(client), path)
+    steps = path.to_frame()[["via", "kind", "key", "busy", *PARTS]]
+    # Every second of the path's scheduling is a stage of its own.
+    assert path.breakdown["wait"] + path.breakdown["scheduling"] <= 0.1 * path.length, \
         f"{path.summary()}\n{steps.to_string()}"
     assert len(path) >= 3
 

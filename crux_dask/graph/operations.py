@@ -144,7 +144,8 @@ def read_copy(builder: PAGBuilder, e: FileAccess) -> int:
         store.state_key[src], places.memory_of(e.worker), None, None, store.state_size[src],
         e.time, e.time, rules.copy_ready(store.state_ready[src], e.time, e.time), (src,),
         _TRANSFER, 0.0,
-        (rules.moment(e.requested), *rules.NO_MOMENTS[1:-1], builder.submitted(e.root)),
+        (rules.moment(e.requested), rules.moment(e.received), *rules.NO_MOMENTS[2:-1],
+         builder.submitted(e.root)),
         held=False)
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "TABLES",
     "ProvenanceError",
     "read_dataset",
+    "read_load",
     "read_scopes",
     "read_table",
     "tasks_frame",
@@ -64,7 +65,7 @@ SCHEMA_VERSION = 7
 #: version 2 no computations and spans, version 3 no task priorities, version
 #: 4 no seconds on files nor times of submission, version 5 no first sending
 #: of tasks sent again, version 6 no moment the scheduler learnt a task finished
-#: nor stages of a path's scheduling.
+#: nor stages of a path's scheduling nor load.
 SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 #: Columns an earlier schema version did not write, as ``(table, column)``:
 #: they read as not recorded.
@@ -73,7 +74,8 @@ LATER_COLUMNS = frozenset({("moments", "priority"), ("moments", "io"), ("wcp", "
                            ("moments", "first_requested"), ("wcp", "rescheduled"),
                            ("moments", "announced"), ("wcp", "report"), ("wcp", "scheduler"),
                            ("wcp", "dispatch"), ("wcp", "worker")})
-TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp")
+TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp",
+          "load")
 METADATA = "metadata.json"
 
 
@@ -88,7 +90,7 @@ def tasks_frame(pag: PAG, run_id: str | None = None) -> pd.DataFrame:
 
 def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | None = None,
                   transitions: pd.DataFrame | None = None,
-                  scopes: Sequence[Scope] = ()) -> Path:
+                  scopes: Sequence[Scope] = (), load: pd.DataFrame | None = None) -> Path:
     """Add every run of ``pag`` to the dataset at ``path`` (created if needed).
 
     Parameters
@@ -104,6 +106,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
         of the last run.
     scopes : sequence of Scope, optional
         The computations and spans of the last run (:mod:`crux_dask.scopes`).
+    load : DataFrame, optional
+        The load sampled during the last run (:data:`~crux_dask.load.LOAD_COLUMNS`).
 
     Returns
     -------
@@ -127,7 +131,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
                 writes = [pool.submit(_write_parquet, table, incoming / f"{name}.parquet")
                           for name, table in _run_tables(pag, run_id,
                                                          transitions if last else None,
-                                                         scopes if last else ())]
+                                                         scopes if last else (),
+                                                         load if last else None)]
                 for write in writes:
                     write.result()
             for table in TABLES:
@@ -143,7 +148,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
 
 
 def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None,
-                scopes: Sequence[Scope]) -> Iterator[tuple[str, Any]]:
+                scopes: Sequence[Scope], load: pd.DataFrame | None
+                ) -> Iterator[tuple[str, Any]]:
     """The tables of one run, as Arrow, one at a time."""
     import pyarrow as pa
 
@@ -165,7 +171,9 @@ def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None,
     }, schema=tables["scopes"])
     if transitions is None:
         transitions = pd.DataFrame(columns=tables["transitions"].names)
-    for name, frame in (("transitions", transitions),
+    if load is None:
+        load = pd.DataFrame(columns=tables["load"].names)
+    for name, frame in (("transitions", transitions), ("load", load),
                         ("wcp", pag.wcp(run_id=run_id).to_frame())):
         yield name, pa.Table.from_pandas(frame[tables[name].names], schema=tables[name],
                                          preserve_index=False)
@@ -239,6 +247,18 @@ def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame
     frame = to_pandas(_arrow_table(Path(path), table, run_id))
     frame.insert(1, "run_id", pd.Series([run_id] * len(frame), dtype="str"))
     return frame
+
+
+def read_load(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFrame:
+    """The load sampled during one run (the latest by default), as
+    :func:`crux_dask.get_load` gives it: empty for a dataset written before version 7."""
+    from crux_dask.load import LOAD_COLUMNS
+
+    root = Path(path)
+    run_id = list(_read_metadata(root)["runs"])[-1] if run_id is None else run_id
+    if not _table_file(root, "load", run_id).is_file():
+        return pd.DataFrame(columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+    return to_pandas(_arrow_table(root, "load", run_id)).astype(LOAD_COLUMNS)
 
 
 def read_scopes(path: str | os.PathLike, run_id: str) -> list[Scope]:

@@ -55,6 +55,11 @@ def schemas() -> dict[str, Any]:
             ("key", pa.string()), ("start", text), ("finish", text), ("time", pa.float64()),
             ("location", text), ("stimulus_id", pa.string()),
         ]),
+        "load": pa.schema([
+            ("process", text), ("time", pa.float64()), ("cpu", pa.float64()),
+            ("lag", pa.float64()), ("busy", pa.float64()), ("threads", pa.float64()),
+            ("cores", pa.float64()), ("gil", pa.float64()),
+        ]),
         "causes": pa.schema([
             ("cause_id", pa.int64()), ("src", pa.int64()), ("dst", pa.int64()),
             ("kind", text),

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from crux_dask.pag import PAG
     from crux_dask.wcp import CriticalPath
 
-__all__ = ["attach", "flush", "get_computations", "get_pag", "get_stats", "get_wcp"]
+__all__ = ["attach", "flush", "get_computations", "get_load", "get_pag", "get_stats",
+           "get_wcp"]
 
 
 def attach(client: Client, **worker_options: Any) -> Any:
@@ -157,6 +158,24 @@ async def _get_stats(client: Client) -> dict[str, Any]:
     return stats
 
 
+def get_load(client: Client) -> Any:
+    """The load of the scheduler and of every worker, sampled as the run went: a
+    DataFrame of :data:`~crux_dask.load.LOAD_COLUMNS` (see :mod:`crux_dask.load`)."""
+    return client.sync(_get_load, client)
+
+
+async def _get_load(client: Client) -> Any:
+    return _load_frame(await client.run_on_scheduler(_load_on_scheduler))
+
+
+def _load_frame(rows: list[tuple]) -> Any:
+    import pandas as pd
+
+    from crux_dask.load import LOAD_COLUMNS
+
+    return pd.DataFrame(rows, columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+
+
 def export_parquet(client: Client, path: str | os.PathLike) -> Any:
     """Write the provenance recorded so far to the Parquet dataset at ``path``.
 
@@ -168,7 +187,7 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    (end, stats, scopes), transitions, stores = await _fetch_staged(
+    (end, stats, scopes, load), transitions, stores = await _fetch_staged(
         client, _stage_export_on_scheduler)
     transitions = transitions_frame([pickle.loads(chunk) for chunk in transitions])
     info = await client.scheduler.identity()
@@ -191,7 +210,7 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions,
-                                      scopes)
+                                      scopes, _load_frame(load))
 
 
 # -- run on the cluster ---------------------------------------------------------
@@ -270,8 +289,9 @@ async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
     transitions = await plugin.transition_chunks()
     spooled = await plugin.spooled_pieces()
-    stats, scopes = plugin.stats(), plugin.scopes()
-    return await _stage(plugin, spooled, lambda end: ((end, stats, scopes), transitions))
+    stats, scopes, load = plugin.stats(), plugin.scopes(), list(plugin.load.log.rows)
+    return await _stage(plugin, spooled, lambda end: ((end, stats, scopes, load),
+                                                      transitions))
 
 
 async def _stage(plugin: CruxSchedulerPlugin, spooled: Pieces | KeptPieces,
@@ -303,6 +323,10 @@ async def _stage(plugin: CruxSchedulerPlugin, spooled: Pieces | KeptPieces,
 
 async def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
     return await _plugin(dask_scheduler).staged_piece(token, index)
+
+
+def _load_on_scheduler(dask_scheduler: Any) -> list[tuple]:
+    return list(_plugin(dask_scheduler).load.log.rows)
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW", "PLUGIN_NAME",
-           "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "TIMES", "key_string"]
+__all__ = ["CORES_METRIC", "EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW",
+           "PLUGIN_NAME", "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "TIMES",
+           "key_string"]
 
 #: The name both plugins register under, on the scheduler and on every worker.
 PLUGIN_NAME = "crux"
+#: The worker metric (``Worker.metrics``, sent with each heartbeat) of the cores of
+#: the worker's host, as Dask counts them: what its busy threads compete for.
+CORES_METRIC = "crux-cores"
 #: The scheduler RPC handler that receives the workers' event batches.
 EVENTS_HANDLER = "crux_events"
 #: The scheduler RPC handler's argument that carries, with a batch, the tasks the

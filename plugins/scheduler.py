@@ -29,6 +29,7 @@ from crux_dask.plugins import config
 from crux_dask.plugins.entries import Done, Lost, Sent, Whole
 from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.host import GraphHost, LocalHost, Progress
+from crux_dask.plugins.load import LoadSampler
 from crux_dask.plugins.protocol import (
     EVENTS_HANDLER,
     FILES_HANDLER,
@@ -138,16 +139,18 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[EVENTS_HANDLER] = self.host.receive
         scheduler.handlers[FILES_HANDLER] = self.host.receive_files
         self.extensions = install_extensions(scheduler, self)
-        self._callback = PeriodicCallback(self.host.tick, settings.apply_interval * 1000)
-        scheduler.periodic_callbacks["crux-apply"] = self._callback
-        self._callback.start()
+        self.load = LoadSampler(scheduler)
+        self._callbacks = {
+            "crux-apply": PeriodicCallback(self.host.tick, settings.apply_interval * 1000),
+            "crux-load": self.load.callback}
+        for name, callback in self._callbacks.items():
+            scheduler.periodic_callbacks[name] = callback
+            callback.start()
 
     async def close(self) -> None:
-        callback = getattr(self, "_callback", None)
-        if callback is not None:
+        for name, callback in getattr(self, "_callbacks", {}).items():
             callback.stop()
-        if self.scheduler is not None:
-            self.scheduler.periodic_callbacks.pop("crux-apply", None)
+            self.scheduler.periodic_callbacks.pop(name, None)
         for staging in getattr(self, "staged", {}).values():  # never to be fetched now
             staging.release()
         if getattr(self, "host", None) is not None:
@@ -367,6 +370,8 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions_dropped(),
+            "load_samples": len(self.load.log),
+            "load_dropped": self.load.log.dropped,
             "run_id": progress.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,

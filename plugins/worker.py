@@ -29,13 +29,14 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from dask.system import CPU_COUNT
 from distributed.diagnostics.plugin import WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.data_moves import DataMoves
-from crux_dask.plugins.protocol import PLUGIN_NAME, REPORTED, key_string
+from crux_dask.plugins.protocol import CORES_METRIC, PLUGIN_NAME, REPORTED, key_string
 from crux_dask.plugins.shuffles import ShardRecorder
 from crux_dask.plugins.task_reports import TaskReports
 
@@ -129,6 +130,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
             self.shards.start()
         self._callback = PeriodicCallback(self._flush_soon, self._flush_period())
         self._callback.start()
+        worker.metrics[CORES_METRIC] = _cores  # sent with each heartbeat
         self._probing = asyncio.ensure_future(self._probe_clock())
 
     async def teardown(self, worker: Worker) -> None:
@@ -140,6 +142,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
         ``events_unsent`` (and the files of tasks as ``file_lists_unsent``).
         """
         self._callback.stop()
+        worker.metrics.pop(CORES_METRIC, None)
         if not self._probing.done():  # a scheduler that does not answer: stop asking
             self._probing.cancel()
             await asyncio.wait([self._probing])
@@ -243,6 +246,11 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
                 "files_gone": files.gone if files else 0,
                 "shard_errors": self.shards.errors if self.shards else 0,
                 "clock_offset": self.offset, "clock_bound": self.clock.bound}
+
+
+def _cores(worker: Worker) -> int:
+    """The cores of the worker's host, as Dask counts them (its affinity and limits)."""
+    return CPU_COUNT
 
 
 # -- what the client runs on each worker ------------------------------------------

@@ -1,0 +1,92 @@
+"""The scheduler's sampler of the load of itself and of its workers, from distributed's
+own measures.
+
+Every worker's heartbeat carries its metrics (its system monitor's CPU and,
+where enabled, GIL contention; the mean interval of its event loop's ticks;
+the tasks it is executing); the worker plugin adds its host's cores
+(:data:`~crux_dask.plugins.protocol.CORES_METRIC`).  The scheduler's own CPU and GIL come from its
+system monitor, and its event loop's lag from how late the sampler itself
+runs.  Each new heartbeat becomes one sample of the
+:class:`~crux_dask.load.LoadLog`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import dask
+from tornado.ioloop import PeriodicCallback
+
+from crux_dask.load import SCHEDULER, LoadLog
+from crux_dask.plugins.protocol import CORES_METRIC
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+__all__ = ["LOAD_INTERVAL", "LoadSampler"]
+
+#: Seconds between two samples: as often as the workers of a small cluster send
+#: their heartbeats.
+LOAD_INTERVAL = 0.5
+_NAN = float("nan")
+
+
+class LoadSampler:
+    """Sample the load of the scheduler and its workers every :data:`LOAD_INTERVAL`.
+
+    Attributes
+    ----------
+    log : LoadLog
+        The samples so far.
+    """
+
+    def __init__(self, scheduler: Scheduler, interval: float = LOAD_INTERVAL) -> None:
+        self.scheduler = scheduler
+        self.interval = interval
+        self.log = LoadLog()
+        self._tick = dask.utils.parse_timedelta(
+            dask.config.get("distributed.admin.tick.interval"), "s")
+        self._heard: dict[str, float] = {}  # worker -> its metrics' time last sampled
+        self._due = time.time() + interval  # the callback starts with the sampler
+        #: What takes the samples, among the scheduler's periodic callbacks.
+        self.callback = PeriodicCallback(self.sample, interval * 1000)
+
+    def sample(self) -> None:
+        """Take a sample of the scheduler, and one of each worker heard from since."""
+        now = time.time()
+        lag = max(now - self._due, 0.0)
+        self._due = now + self.interval
+        recent = self.scheduler.monitor.recent()
+        self.log.add(SCHEDULER, now, _share(recent.get("cpu")), lag,
+                     gil=_number(recent.get("gil_contention")))
+        for address, ws in self.scheduler.workers.items():
+            metrics = ws.metrics
+            heard = metrics.get("time")
+            if heard is None or self._heard.get(address) == heard:
+                continue
+            self._heard[address] = heard
+            interval = _number(metrics.get("event_loop_interval"))
+            counts = metrics.get("task_counts")  # of the states a task is in; none: 0
+            self.log.add(address, ws.last_seen, _share(metrics.get("cpu")),
+                         max(interval - self._tick, 0.0) if interval == interval else _NAN,
+                         _number(counts.get("executing", 0)) if isinstance(counts, dict)
+                         else _NAN, float(ws.nthreads), _number(metrics.get(CORES_METRIC)),
+                         _number(metrics.get("gil_contention")))
+        for address in set(self._heard) - set(self.scheduler.workers):
+            del self._heard[address]
+
+
+def _number(value: object) -> float:
+    """A measure as a float: NaN if it is not a number."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return _NAN
+    return number if math.isfinite(number) else _NAN
+
+
+def _share(percent: object) -> float:
+    """A CPU percentage (100: one core) as a share of one core."""
+    return _number(percent) / 100

@@ -1,0 +1,105 @@
+"""The load of the scheduler and its workers, sampled on real clusters, and the load each
+stage of a path ran under.
+
+An oversubscribed worker (eight threads on this machine's cores, tasks that
+hold the GIL) is the case with a known answer: its busy threads outnumber its
+host's cores, its threads wait for the GIL, and the stages of the path that
+ran in it say so.  Dask's task stream is the independent witness of how many
+tasks ran at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster
+from test_causes import add_task_stream, task_stream
+
+import crux_dask
+from crux_dask.load import LOAD_COLUMNS, SCHEDULER, describe, stage_loads
+from crux_dask.path import STAGES
+
+THREADS = 8
+
+
+def spin(i: int, n: int = 150_000) -> int:
+    """Pure Python: holds the GIL for all its run."""
+    total = 0
+    for j in range(n):
+        total += j ^ i
+    return total
+
+
+def layered(width: int = 24, depth: int = 3):
+    layer = [dask.delayed(spin)(i, dask_key_name=f"spin-0-{i}") for i in range(width)]
+    for d in range(1, depth):
+        layer = [dask.delayed(spin)(x % 7, dask_key_name=f"spin-{d}-{i}")
+                 for i, x in enumerate(layer)]
+    return dask.delayed(sum)(layer, dask_key_name="spin-total")
+
+
+@pytest.fixture(scope="module")
+def oversubscribed():
+    with dask.config.set({"distributed.admin.system-monitor.gil.enabled": True}), \
+            LocalCluster(n_workers=1, threads_per_worker=THREADS, processes=True,
+                         dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        client.run_on_scheduler(add_task_stream)
+        dask.compute(layered())
+        yield client
+
+
+def test_the_load_of_every_process_is_sampled(oversubscribed):
+    client = oversubscribed
+    load = crux_dask.get_load(client)
+    assert list(load.columns) == list(LOAD_COLUMNS)
+    (worker,) = client.scheduler_info()["workers"]
+    assert set(load["process"]) == {SCHEDULER, worker}
+    mine = load[load["process"] == worker]
+    assert len(mine) >= 2
+    assert (mine["threads"] == THREADS).all()
+    # Dask's count of the cores, from the first heartbeat after the plugin's start.
+    cores = mine["cores"].dropna()
+    assert len(cores) and (cores == len(os.sched_getaffinity(0))).all()
+    assert mine["busy"].between(0, THREADS).all()
+    assert mine["gil"].between(0, 1).all() and mine["gil"].max() > 0
+    assert load.groupby("process")["time"].apply(lambda t: t.is_monotonic_increasing).all()
+    # The task stream: more tasks ran at once than there are cores, and the samples saw
+    # as much (a task is busy from its submission to the thread pool to its end
+    # handled, a little longer than its run).
+    stream = client.run_on_scheduler(task_stream)
+    runs = [(s["start"], s["stop"]) for r in stream for s in r["startstops"]
+            if s["action"] == "compute"]
+    at_once = max(sum(start <= t < stop for start, stop in runs) for t, _ in runs)
+    assert at_once > cores.iloc[0] and mine["busy"].max() > cores.iloc[0]
+
+
+def test_each_stage_of_the_path_carries_the_load_it_ran_under(oversubscribed):
+    client = oversubscribed
+    path = crux_dask.get_wcp(client)
+    loads = stage_loads(path.to_frame(), crux_dask.get_load(client))
+    assert set(loads["stage"]) <= set(STAGES) and len(loads)
+    steps = path.to_frame().set_index("step")
+    assert (loads["seconds"] == [steps.loc[s, stage] for s, stage in
+                                 zip(loads["step"], loads["stage"])]).all()
+    carried = loads[loads["samples"] > 0]
+    assert len(carried) == len(loads)  # the nearest sample where none fell within
+    assert carried[["cpu", "lag"]].notna().all().all()
+    (worker,) = client.scheduler_info()["workers"]
+    on_worker = loads[loads["process"] == worker]
+    # Eight threads busy on fewer cores: oversubscribed, and the line says so.
+    assert (on_worker["host_busy"] > on_worker["cores"]).any()
+    line = describe(on_worker.sort_values("host_busy").iloc[-1])
+    assert "busy threads on its host's" in line and "GIL contention" in line
+
+
+def test_the_load_is_exported_and_read_back(oversubscribed, tmp_path):
+    client = oversubscribed
+    dataset = crux_dask.export_parquet(client, tmp_path / "run")
+    exported = crux_dask.read_load(dataset)
+    later = crux_dask.get_load(client)  # sampling goes on after the export
+    assert len(exported) >= 2
+    pd.testing.assert_frame_equal(exported, later.iloc[:len(exported)])

@@ -12,6 +12,8 @@ from crux_dask.path import STAGES
 from crux_dask.wcp import CriticalPath
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from crux_dask.pag import PAG
 
 
@@ -69,13 +71,14 @@ def demo(workers: int, slow: float, report_file: str, serve: bool) -> None:
         started = time.time()
         result = dask.compute(etl_workflow(slow))[0]
         elapsed = time.time() - started
-        pag = crux_dask.get_pag(client)
+        pag, load = crux_dask.get_pag(client), crux_dask.get_load(client)
         path = pag.wcp()
         click.echo(f"Workflow result: {result:,.1f} in {elapsed:.2f} s "
                    f"({len(pag):,} data states, {len(pag.mutations):,} mutations)\n")
         click.echo(format_path(path))
+        click.echo(f"\n{format_suggestions(pag, pag.run_ids[-1], load)}")
         with open(report_file, "w") as f:
-            f.write(report_html(pag))
+            f.write(report_html(pag, load=load))
         click.echo(f"\nReport: {report_file}")
         if serve:
             click.echo(f"Dashboard: {client.dashboard_link.replace('/status', '/crux')} "
@@ -193,7 +196,7 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
            html_file: str | None) -> None:
     from distributed.utils import key_split_group
 
-    from crux_dask.provenance import read_scopes
+    from crux_dask.provenance import read_load, read_scopes
     from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
 
     pag = _load(path, run_id)
@@ -220,7 +223,7 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
         click.echo(table.assign(start=table["start"] - table["start"].min())[
             ["kind", "name", "start", "makespan", "tasks", "path_length", "top_categories"]
         ].to_string(float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"\n{format_suggestions(pag, run_id)}")
+    click.echo(f"\n{format_suggestions(pag, run_id, read_load(path, run_id))}")
     if html_file:
         with open(html_file, "w") as f:
             f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>Crux run "
@@ -267,15 +270,23 @@ def format_prefixes(path: CriticalPath, top: int = 10) -> str:
             + shown.to_string(index=False, float_format=lambda x: f"{x:.3f}") + more)
 
 
-def format_suggestions(pag: PAG, run_id: str) -> str:
-    """What-if suggestions for a run as text; a run that cannot be replayed says why."""
+def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) -> str:
+    """What to fix in a run as text: the advice, with the figures behind each, then the
+    what-if changes; a run that cannot be replayed says why."""
     try:
-        table = pag.suggest(run_id=run_id)
+        table = pag.suggest(run_id=run_id, load=load)
     except ValueError as error:
         return f"No what-if suggestions: {error}"
+    advice = table[table["kind"] == "advice"]
+    said = "".join(f"* {row.change} ({row.path_share:.0%} of the path): {row.why}\n"
+                   for row in advice.itertuples())
+    table = table[table["kind"] == "what-if"]
     table = table.assign(saved_share=(100 * table["saved_share"]).round(1))
-    return ("What if (predicted by replaying the run; most seconds saved first):\n"
-            + table.drop(columns="replay_error").rename(columns={"saved_share": "saved %"})
+    return ((f"Advice, from the path's stages and the load they ran under:\n{said}\n"
+             if said else "")
+            + "What if (predicted by replaying the run; most seconds saved first):\n"
+            + table[["change", "predicted", "saved", "saved_share", "path_then"]]
+            .rename(columns={"saved_share": "saved %"})
             .to_string(index=False, float_format=lambda v: f"{v:.3f}")
             + f"\n(an unchanged replay predicts the recorded run "
               f"{table['replay_error'].iloc[0]:+.1%} off)")

@@ -38,10 +38,12 @@ LOAD_COLUMNS: dict[str, str] = {
 SCHEDULER = "scheduler"
 #: Samples kept, the newest (an hour of a scheduler and ten workers at 2 a second).
 LOAD_MAX = 80_000
-#: The process each stage ran in: the step's first state's worker, the scheduler,
-#: or the worker of the state it made.
-_STAGE_PROCESS = {"report": "source", "scheduler": SCHEDULER, "dispatch": "destination",
-                  "worker": "destination"}
+#: The processes each stage ran in: the worker of the step's first state (``source``),
+#: the scheduler, the worker of the state the step made (``destination``).  A report
+#: is a message from the first to the scheduler, a dispatch one from the scheduler
+#: (after the rest of the transitions it made at once) to the second.
+_STAGE_PROCESSES = {"report": ("source", SCHEDULER), "scheduler": (SCHEDULER,),
+                    "dispatch": (SCHEDULER, "destination"), "worker": ("destination",)}
 _NAN = float("nan")
 
 
@@ -77,7 +79,7 @@ class LoadLog:
 
 
 def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:
-    """Each stage of each step with the load of the process it ran in, during it.
+    """Each stage of each step with the load of each process it ran in, during it.
 
     A stage shorter than the time between two samples gets the sample nearest
     to it.  ``host_busy`` adds up the tasks executing on every worker of the
@@ -93,8 +95,9 @@ def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     DataFrame
-        One row per stage longer than zero: ``step``, ``stage``, ``seconds``,
-        ``start`` and ``stop``, the ``process``, and its ``samples`` during the
+        One row per stage longer than zero and process it ran in: ``step``,
+        ``stage``, ``seconds``, ``start`` and ``stop``, the ``process``, and its
+        ``samples`` during the
         stage, mean ``cpu``, largest ``lag``, mean ``busy``, ``threads``,
         ``cores``, ``host_busy`` and mean ``gil``; the load is NaN where no
         sample was taken.
@@ -110,12 +113,13 @@ def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:
             start, at = at, at + seconds
             if stage == "scheduler" and step.report + seconds == 0.0:
                 at += step.scheduling  # the report and the decision, not told apart
-            if seconds <= 0.0 or stage not in _STAGE_PROCESS:
+            if seconds <= 0.0 or stage not in _STAGE_PROCESSES:
                 continue
-            process = _process(step, stage)
-            rows.append({"step": step.step, "stage": stage, "seconds": seconds,
-                         "start": start, "stop": start + seconds, "process": process,
-                         **_during(by_process, process, start, start + seconds)})
+            for side in _STAGE_PROCESSES[stage]:
+                process = _process(step, side)
+                rows.append({"step": step.step, "stage": stage, "seconds": seconds,
+                             "start": start, "stop": start + seconds, "process": process,
+                             **_during(by_process, process, start, start + seconds)})
     columns = ["step", "stage", "seconds", "start", "stop", "process", "samples", "cpu",
                "lag", "busy", "threads", "cores", "host_busy", "gil"]
     return pd.DataFrame(rows, columns=columns)
@@ -139,9 +143,8 @@ def describe(row: pd.Series | dict) -> str:
     return "; ".join(said)
 
 
-def _process(step: tuple, stage: str) -> str:
-    """The process ``stage`` of ``step`` ran in: the scheduler, or a worker by address."""
-    side = _STAGE_PROCESS[stage]
+def _process(step: tuple, side: str) -> str:
+    """The process on ``side`` of ``step``: the scheduler, or a worker by address."""
     if side == SCHEDULER:
         return SCHEDULER
     location = getattr(step, side)

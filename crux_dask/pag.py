@@ -172,24 +172,34 @@ class PAG:
         return what_if(self.stores[index], self.ends[index], workers, threads, speedup,
                        transfer_speedup, spill)
 
-    def suggest(self, run_id: str | None = None) -> pd.DataFrame:
-        """Candidate changes ranked by the seconds a what-if replay predicts they save.
+    def suggest(self, run_id: str | None = None, load: pd.DataFrame | None = None
+                ) -> pd.DataFrame:
+        """What to fix: the advice the path and the load support, then candidate changes
+        ranked by the seconds a what-if replay predicts they save.
 
-        Each of the top task prefixes of the observed path 2× faster, one more
-        worker, twice the threads, free transfers and no spill.
+        The advice (:func:`crux_dask.advice.advise`) comes of the stages of the
+        observed path and the load they ran under (``load``, from
+        :func:`crux_dask.get_load` or :func:`crux_dask.read_load`; without it,
+        only what the path alone supports).  The changes replayed: each of the
+        top task prefixes of the path 2× faster, one more worker, twice the
+        threads, free transfers and no spill.
 
         Returns
         -------
         pandas.DataFrame
-            One row per change, most seconds saved first: ``change``,
-            ``predicted`` makespan, ``saved`` (against the unchanged replay),
-            ``saved_share``, ``replay_error`` and ``path_then``: the prefixes
-            with the most busy seconds on the predicted critical path.
+            The advice first, most of the path first, then the changes, most
+            seconds saved first: ``kind`` (``advice`` or ``what-if``),
+            ``change``, ``why`` (the figures behind an advice), ``path_share``
+            (of the path, held by the stages behind an advice), ``predicted``
+            makespan, ``saved`` (against the unchanged replay), ``saved_share``,
+            ``replay_error`` and ``path_then``: the prefixes with the most busy
+            seconds on the predicted critical path.
         """
-        from crux_dask.whatif import suggest
+        from crux_dask.advice import what_to_fix
 
         index = self._run_index(run_id)
-        return suggest(self.stores[index], self.ends[index], self.wcp(run_id=run_id))
+        return what_to_fix(self.stores[index], self.ends[index], self.wcp(run_id=run_id),
+                           load)
 
     def _run_index(self, run_id: str | None) -> int:
         if not self.stores:

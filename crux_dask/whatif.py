@@ -220,10 +220,12 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any) -> None:
-    """:func:`suggest` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on
-    its observed path to ``end``, sent on the connection ``answer`` as ``(table, None)``,
-    or ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
+def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any,
+                  load: list[tuple] | None = None) -> None:
+    """:func:`~crux_dask.advice.what_to_fix` for the store
+    :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on its observed path to ``end``,
+    with the ``load`` rows, sent on the connection ``answer`` as ``(table, None)``, or
+    ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
     ``pieces``, one per message, until an empty one.
 
     What a process of its own runs, ``niceness`` less favoured than its
@@ -231,12 +233,14 @@ def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any) -> None:
     allocates millions of small objects, and a thread would hold the
     interpreter for every garbage collection they cause.
     """
+    from crux_dask.advice import what_to_fix
     from crux_dask.wcp import critical_path
 
     os.nice(niceness)
     store = PAGStore.from_pieces(list(iter(pieces.recv_bytes, b"")))
     try:
-        answer.send((suggest(store, end, critical_path(store, default_end=end)), None))
+        answer.send((what_to_fix(store, end, critical_path(store, default_end=end), load),
+                     None))
     except ValueError as error:  # a run without tasks or timing
         answer.send((None, error))
 

@@ -61,7 +61,8 @@ class GraphView:
     whose view has no ``store`` (only its ``progress``); for a graph that no
     longer changes, a thread.  What is computed there reads a view with the
     ``store``; its critical path is computed once per view and shared by the
-    components that read it.
+    components that read it.  ``load`` gives the rows of the run's load table
+    (:mod:`crux_dask.load`), where known.
     """
 
     store: PAGStore | None
@@ -69,6 +70,7 @@ class GraphView:
     selection: PathSelection | None = None
     analyse: Analyse | None = None
     progress: Progress | None = None
+    load: Callable[[], list[tuple]] | None = None
     _path: CriticalPath | None = None
 
     @classmethod
@@ -86,7 +88,8 @@ class GraphView:
 
     def with_selection(self, selection: PathSelection) -> GraphView:
         """The same graph, with another path selected."""
-        return GraphView(self.store, self.end, selection, self.analyse, self.progress)
+        return GraphView(self.store, self.end, selection, self.analyse, self.progress,
+                         self.load)
 
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code (found once per key,
@@ -125,7 +128,8 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
 
     def view() -> GraphView:
         progress = plugin.progress()
-        current = GraphView(None, progress.end, analyse=plugin.analyse, progress=progress)
+        current = GraphView(None, progress.end, analyse=plugin.analyse, progress=progress,
+                            load=lambda: list(plugin.load.log.rows))
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -215,10 +219,13 @@ def chosen_source(live: Source, runs: Runs, choice: RunChoice) -> Source:
     return view
 
 
-def static_source(pag: PAG, run_id: str | None = None) -> Source:
-    """A recorded graph that no longer changes."""
+def static_source(pag: PAG, run_id: str | None = None, load: Any = None) -> Source:
+    """A recorded graph that no longer changes, with its ``load`` table if given."""
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
     view = GraphView.fixed(pag.stores[index], pag.ends[index])
+    if load is not None:
+        rows = list(load.itertuples(index=False, name=None))
+        view.load = lambda: rows
     return lambda: view
 
 

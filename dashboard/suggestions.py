@@ -26,19 +26,21 @@ from crux_dask.wcp import critical_path
 if TYPE_CHECKING:
     import pandas as pd
 
-COLUMNS = ("change", "predicted", "saved", "saved_share", "path_then")
+COLUMNS = ("kind", "change", "why", "predicted", "saved", "saved_share", "path_then")
 #: How much less the process replaying a live run is favoured than the scheduler.
 NICENESS = 10
 
 
-def _suggestions(store: PAGStore, end: int) -> pd.DataFrame:
-    """The ranked changes of the whole run (see :func:`crux_dask.whatif.suggest`)."""
-    from crux_dask.whatif import suggest
+def _suggestions(store: PAGStore, end: int, load: list[tuple] | None) -> pd.DataFrame:
+    """The advice and the ranked changes of the whole run (see
+    :func:`crux_dask.advice.what_to_fix`)."""
+    from crux_dask.advice import what_to_fix
 
-    return suggest(store, end, critical_path(store, default_end=end))
+    return what_to_fix(store, end, critical_path(store, default_end=end), load)
 
 
-def _suggestions_apart(pieces: list[bytes], end: int) -> pd.DataFrame:
+def _suggestions_apart(pieces: list[bytes], end: int, load: list[tuple] | None
+                       ) -> pd.DataFrame:
     """:func:`_suggestions` of the store cut into ``pieces``
     (:meth:`~crux_dask.store.PAGStore.to_pieces`), replayed in a process of its own at a
     lower priority; call it in a thread.
@@ -60,12 +62,12 @@ def _suggestions_apart(pieces: list[bytes], end: int) -> pd.DataFrame:
     from crux_dask.whatif import suggest_apart
 
     if multiprocessing.current_process().daemon:  # the graph's own process has no children
-        return _suggestions(PAGStore.from_pieces(pieces), end)
+        return _suggestions(PAGStore.from_pieces(pieces), end, load)
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
     receiver, feeder = context.Pipe(duplex=False)
     process = context.Process(target=suggest_apart, name="crux-what-if", daemon=True,
-                              args=(receiver, end, NICENESS, sender))
+                              args=(receiver, end, NICENESS, sender, load))
     process.start()
     sender.close()  # the child's ends: closed here, so that its exit ends the waits
     receiver.close()
@@ -94,6 +96,8 @@ def _replayed(view: GraphView) -> asyncio.Future:
     :meth:`~crux_dask.plugins.CruxSchedulerPlugin.pieces`), and replayed from a thread
     that feeds a process of its own."""
 
+    load = None if view.load is None else view.load()
+
     async def replayed() -> pd.DataFrame:
         cut = await view.analyse(graph_pieces)
         try:
@@ -101,7 +105,7 @@ def _replayed(view: GraphView) -> asyncio.Future:
         finally:
             cut.release()
         return await asyncio.wrap_future(in_thread(_suggestions_apart, pieces, cut.head,
-                                                   name="crux-what-if"))
+                                                   load, name="crux-what-if"))
 
     return asyncio.ensure_future(replayed())
 
@@ -131,11 +135,13 @@ class SuggestionTable(Component):
         self.source = ColumnDataSource({c: [] for c in COLUMNS})
         self.table = DataTable(source=self.source, name="crux-suggestions",
                                index_position=None, height=230, columns=table_columns(
-            ("change", "change", 170), ("predicted", "predicted (s)", 90, "0.000"),
+            ("kind", "from", 60), ("change", "change", 170), ("why", "why", 330),
+            ("predicted", "predicted (s)", 90, "0.000"),
             ("saved", "saved (s)", 80, "0.000"), ("saved_share", "saved", 60, "0.0%"),
             ("path_then", "the path then spends most in", 330)), **kwargs)
         self.note = Div(text="", name="crux-suggestions-note")
-        self.root = column(Div(text="<b>What to fix</b>: the whole run replayed with each "
+        self.root = column(Div(text="<b>What to fix</b>: advice from the path's stages and "
+                                    "their load, then the whole run replayed with each "
                                     "change"), self.note, self.table, **kwargs)
         self._seen: tuple | None = None  # the graph at the last update
         self._running: tuple[tuple, Future] | None = None
@@ -164,7 +170,8 @@ class SuggestionTable(Component):
         self.note.text = "replaying the run&hellip;"
 
     def render(self, view: GraphView) -> None:
-        self._show(lambda: _suggestions(view.store, view.end))
+        self._show(lambda: _suggestions(view.store, view.end,
+                                        None if view.load is None else view.load()))
 
     def _show(self, suggestions: Callable[[], pd.DataFrame]) -> None:
         try:
@@ -173,7 +180,9 @@ class SuggestionTable(Component):
             self.note.text = f"No suggestions: {html.escape(str(error))}"
             self.source.data = {c: [] for c in COLUMNS}
             return
-        error = float(table["replay_error"].iloc[0]) if len(table) else 0.0
+        replayed = table["replay_error"].dropna()
+        error = float(replayed.iloc[0]) if len(replayed) else 0.0
         self.note.text = (f"The unchanged replay is {abs(error):.1%} "
                           f"{'longer' if error >= 0 else 'shorter'} than the recorded run.")
-        self.source.data = {c: table[c].tolist() for c in COLUMNS}
+        self.source.data = {c: (table[c].fillna("") if c in ("why", "path_then")
+                                else table[c]).tolist() for c in COLUMNS}

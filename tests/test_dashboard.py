@@ -268,13 +268,14 @@ def test_the_live_replay_runs_in_a_process_of_its_own():
     for i, (worker, seconds) in enumerate([("a", 0.5), ("a", 0.5), ("b", 0.1)]):
         b.compute(f"work-{i}", f"tcp://{worker}:1", 1, 1.0 + i, 1.0 + i + seconds, 8)
     store, end = b.store, b.end
-    expected = _suggestions(store, end)
-    replayed = _suggestions_apart(store.to_pieces(), end)
+    load = [("scheduler", 1.5, 0.99, 0.2, *[float("nan")] * 4)]  # travels with the graph
+    expected = _suggestions(store, end, load)
+    replayed = _suggestions_apart(store.to_pieces(), end, load)
     pd.testing.assert_frame_equal(replayed, expected)
     with pytest.raises(ValueError, match="no task"):
-        _suggestions_apart(PAGBuilder().store.to_pieces(), -1)
+        _suggestions_apart(PAGBuilder().store.to_pieces(), -1, None)
     with pytest.raises(RuntimeError, match="without an answer"):
-        _suggestions_apart(store.to_pieces(), "not a state")
+        _suggestions_apart(store.to_pieces(), "not a state", None)
 
 
 @pytest.mark.parametrize("apart", [True, False])
@@ -299,9 +300,14 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
         assert graph[1] == s.plugins["crux"].progress().n_states == len(expected_states)
         await async_poll_for(replay.done, 30)
         table.update()
-        assert table.source.data["change"] == expected["change"].tolist()
-        assert table.source.data["saved"] == pytest.approx(expected["saved"].tolist())
-        assert "left" in table.source.data["path_then"][0]  # the slow task stays on the path
+        # The changes replayed; the advice, from the load sampled until then, before them.
+        shown = pd.DataFrame(table.source.data)
+        replayed, expected = (t[t["kind"] == "what-if"].reset_index(drop=True)
+                              for t in (shown, expected))
+        assert shown["kind"].tolist() == sorted(shown["kind"])  # advice first
+        assert replayed["change"].tolist() == expected["change"].tolist()
+        assert replayed["saved"].tolist() == pytest.approx(expected["saved"].tolist())
+        assert "left" in replayed["path_then"][0]  # the slow task stays on the path
         assert "unchanged replay" in table.note.text
         # Another computation: its states come after every state the table saw (waiting
         # for any new state could find one of the first computation's, arrived late).
@@ -826,11 +832,14 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
                 for (const doc of Bokeh.documents) {
                     const table = doc.get_model_by_name('crux-suggestions');
                     if (table && table.source.data.change.length) {
-                        return Array.from(table.source.data.change);
+                        const data = table.source.data;
+                        return Array.from(data.change).filter(
+                            (_, i) => data.kind[i] == 'what-if');
                     }
                 }
                 return false;"""), "the what-to-fix table stayed empty")
-        assert changes == crux_dask.get_pag(c).suggest()["change"].tolist()
+        expected = crux_dask.get_pag(c).suggest()
+        assert changes == expected[expected["kind"] == "what-if"]["change"].tolist()
         driver.save_screenshot(str(tmp_path / "crux-tab.png"))
         assert console_errors(driver) == []
 

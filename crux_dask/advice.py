@@ -1,0 +1,164 @@
+"""Advice a user can act on, each backed by the figures of the path and the load that
+triggered it.
+
+Each rule reads the stages of a path (:data:`~crux_dask.path.STAGES`) and the
+load they ran under (:func:`~crux_dask.load.stage_loads`):
+
+* **larger tasks**: the path's tasks are short against what each costs to
+  schedule (its report, the scheduler's decision, its dispatch and its
+  worker's start): bigger chunks or partitions make fewer of them;
+* **fewer threads**: the stages that ran in a worker whose host had more busy
+  threads than cores: fewer threads or workers per host;
+* **processes, not threads**: a worker whose threads waited for the GIL:
+  more worker processes with fewer threads each;
+* **a busy scheduler**: the scheduler's stages ran while its CPU was full
+  or its event loop late: fewer tasks, or one graph instead of many.
+
+The what-if replay does not model cores, the GIL or the scheduler's own cost,
+so none of these carries a prediction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from crux_dask.load import SCHEDULER, stage_loads
+from crux_dask.path import STAGES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from crux_dask.path import CriticalPath
+    from crux_dask.store import PAGStore
+
+__all__ = ["ADVICE_COLUMNS", "SUGGESTION_COLUMNS", "advise", "what_to_fix"]
+
+#: The columns of :func:`advise`'s table.
+ADVICE_COLUMNS = ("advice", "why", "share")
+#: The columns of :func:`what_to_fix`'s table.
+SUGGESTION_COLUMNS = ("kind", "change", "why", "path_share", "predicted", "saved",
+                      "saved_share", "replay_error", "path_then")
+#: The least share of a path a rule's stages must hold for it to advise.
+LEAST_SHARE = 0.1
+#: GIL contention past which a worker's threads are said to wait for it.
+GIL_CONTENDED = 0.2
+#: CPU (of one core) past which the scheduler is said to be busy, and event loop
+#: lag (seconds) past which it is said to be late.
+SCHEDULER_BUSY, SCHEDULER_LATE = 0.75, 0.05
+
+
+def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
+    """The advice the path and the load support, most of the path first.
+
+    Parameters
+    ----------
+    path : CriticalPath
+    load : DataFrame
+        The run's load table (:data:`~crux_dask.load.LOAD_COLUMNS`), possibly empty:
+        then only the advice the path alone supports.
+
+    Returns
+    -------
+    DataFrame
+        One row per advice: ``advice``, ``why`` (the figures behind it) and
+        ``share`` (of the path's length, held by the stages that triggered it).
+    """
+    import pandas as pd
+
+    steps = path.to_frame()
+    loads = stage_loads(steps, load)
+    crowded = loads[(loads["process"] != SCHEDULER) & (loads["host_busy"] > loads["cores"])]
+    contended = loads[(loads["process"] != SCHEDULER) & (loads["gil"] > GIL_CONTENDED)]
+    busy = loads[(loads["process"] == SCHEDULER) & ((loads["cpu"] >= SCHEDULER_BUSY)
+                                                   | (loads["lag"] >= SCHEDULER_LATE))]
+    rows = [row for row in (_larger_tasks(path, steps), _fewer_threads(path, crowded),
+                            _processes(path, contended), _scheduler(path, busy))
+            if row is not None and row["share"] >= LEAST_SHARE]
+    table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS))
+    return table.sort_values("share", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
+                load: pd.DataFrame | list[tuple] | None) -> pd.DataFrame:
+    """The advice of :func:`advise`, then the what-if changes of
+    :func:`crux_dask.whatif.suggest`: the table of :meth:`crux_dask.PAG.suggest`.
+
+    ``load`` is a load table, or its rows as the scheduler keeps them, or None.
+
+    Raises
+    ------
+    ValueError
+        If the run has no tasks or timing to replay.
+    """
+    import pandas as pd
+
+    from crux_dask.load import LOAD_COLUMNS
+    from crux_dask.whatif import suggest
+
+    if not isinstance(load, pd.DataFrame):
+        load = pd.DataFrame(list(load or ()), columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+    advice = advise(path, load).rename(columns={"advice": "change", "share": "path_share"})
+    replayed = suggest(store, end, path)
+    return pd.concat([advice.assign(kind="advice"), replayed.assign(kind="what-if")],
+                     ignore_index=True)[list(SUGGESTION_COLUMNS)]
+
+
+def _larger_tasks(path: CriticalPath, steps: pd.DataFrame) -> dict | None:
+    """The path's tasks are shorter than what scheduling each costs on it."""
+    tasks = steps[steps["category"] == "compute"]
+    if len(tasks) < 2 or path.length <= 0:
+        return None
+    overhead = tasks[list(STAGES)].sum(axis=1)
+    task, cost = float(tasks["busy"].median()), float(overhead.median())
+    if cost <= task:
+        return None
+    parts = ", ".join(f"{stage} {tasks[stage].median() * 1e3:.1f}" for stage in STAGES
+                      if tasks[stage].median() > 0)
+    return {"advice": "fewer, larger tasks (bigger chunks or partitions)",
+            "why": f"the path's median task computes {task * 1e3:.1f} ms and waits "
+                   f"{cost * 1e3:.1f} ms to be scheduled ({parts} ms), over "
+                   f"{len(tasks)} tasks",
+            "share": float(overhead.sum()) / path.length}
+
+
+def _fewer_threads(path: CriticalPath, crowded: pd.DataFrame) -> dict | None:
+    """Stages in workers whose host had more busy threads than cores."""
+    if crowded.empty:
+        return None
+    worst = crowded.loc[(crowded["host_busy"] - crowded["cores"]).idxmax()]
+    return {"advice": "fewer threads or workers per host",
+            "why": f"{crowded['seconds'].sum():.3f} s of the path's stages ran while their "
+                   f"host had more busy threads than cores, up to {worst['host_busy']:.0f} on "
+                   f"{worst['cores']:.0f} cores ({_names(crowded)})",
+            "share": float(crowded["seconds"].sum()) / path.length}
+
+
+def _processes(path: CriticalPath, waiting: pd.DataFrame) -> dict | None:
+    """Stages in workers whose threads waited for the GIL."""
+    if waiting.empty:
+        return None
+    return {"advice": "more worker processes, fewer threads each",
+            "why": f"{waiting['seconds'].sum():.3f} s of the path's stages ran while their "
+                   f"worker's threads waited for the GIL {np.nanmean(waiting['gil']):.0%} of "
+                   f"the time on average ({_names(waiting)})",
+            "share": float(waiting["seconds"].sum()) / path.length}
+
+
+def _scheduler(path: CriticalPath, busy: pd.DataFrame) -> dict | None:
+    """The scheduler's stages, while it was busy or late."""
+    if busy.empty:
+        return None
+    return {"advice": "fewer tasks for the scheduler (larger chunks, one graph instead of "
+                      "many, no costly scheduler plugins)",
+            "why": f"{busy['seconds'].sum():.3f} s of the path waited for the scheduler "
+                   f"while its CPU was {busy['cpu'].max():.0%} and its event loop up to "
+                   f"{busy['lag'].max() * 1e3:.0f} ms late",
+            "share": float(busy["seconds"].sum()) / path.length}
+
+
+def _names(loads: pd.DataFrame) -> str:
+    """The stages of ``loads`` and their seconds, most first."""
+    seconds = loads.groupby("stage")["seconds"].sum().sort_values(ascending=False)
+    return ", ".join(f"{stage} {value:.3f} s" for stage, value in seconds.items())

@@ -6,7 +6,8 @@ load they ran under (:func:`~crux_dask.load.stage_loads`):
 
 * **larger tasks**: the path's tasks are short against what each costs to
   schedule (its report, the scheduler's decision, its dispatch and its
-  worker's start): bigger chunks or partitions make fewer of them;
+  worker's start), beyond the stages a busy scheduler explains (the next
+  rule but one): bigger chunks or partitions make fewer of them;
 * **fewer threads**: the stages that ran in a worker whose host had more busy
   threads than cores: fewer threads or workers per host;
 * **processes, not threads**: a worker whose threads waited for the GIL:
@@ -73,7 +74,7 @@ def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
     contended = loads[(loads["process"] != SCHEDULER) & (loads["gil"] > GIL_CONTENDED)]
     busy = loads[(loads["process"] == SCHEDULER) & ((loads["cpu"] >= SCHEDULER_BUSY)
                                                    | (loads["lag"] >= SCHEDULER_LATE))]
-    rows = [row for row in (_larger_tasks(path, steps), _fewer_threads(path, crowded),
+    rows = [row for row in (_larger_tasks(path, steps, busy), _fewer_threads(path, crowded),
                             _processes(path, contended), _scheduler(path, busy))
             if row is not None and row["share"] >= LEAST_SHARE]
     table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS))
@@ -105,11 +106,17 @@ def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
                      ignore_index=True)[list(SUGGESTION_COLUMNS)]
 
 
-def _larger_tasks(path: CriticalPath, steps: pd.DataFrame) -> dict | None:
-    """The path's tasks are shorter than what scheduling each costs on it."""
-    tasks = steps[steps["category"] == "compute"]
+def _larger_tasks(path: CriticalPath, steps: pd.DataFrame, busy: pd.DataFrame
+                  ) -> dict | None:
+    """The path's tasks are shorter than what scheduling each costs on it, beyond the
+    stages the scheduler was ``busy`` in."""
+    tasks = steps[steps["category"] == "compute"].set_index("step")
     if len(tasks) < 2 or path.length <= 0:
         return None
+    tasks = tasks.copy()
+    for step, stage in busy[["step", "stage"]].drop_duplicates().itertuples(index=False):
+        if step in tasks.index:
+            tasks.loc[step, stage] = 0.0
     overhead = tasks[list(STAGES)].sum(axis=1)
     task, cost = float(tasks["busy"].median()), float(overhead.median())
     if cost <= task:

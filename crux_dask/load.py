@@ -81,9 +81,10 @@ class LoadLog:
 def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:
     """Each stage of each step with the load of each process it ran in, during it.
 
-    A stage shorter than the time between two samples gets the sample nearest
-    to it.  ``host_busy`` adds up the tasks executing on every worker of the
-    process's host at that time: more than its ``cores`` is oversubscription.
+    Each sample measures the time since the one before it: a stage gets the
+    samples taken during it and the first one after it.  ``host_busy`` adds up
+    the tasks executing on every worker of the process's host at that time:
+    more than its ``cores`` is oversubscription.
 
     Parameters
     ----------
@@ -172,17 +173,16 @@ def _during(by_process: dict[str, pd.DataFrame], process: str, start: float,
 
 
 def _samples(frame: pd.DataFrame | None, start: float, stop: float) -> pd.DataFrame | None:
-    """The samples of ``frame`` (sorted by time) from ``start`` to ``stop``, else the
-    one nearest to that interval; None if there is none."""
+    """The samples of ``frame`` (sorted by time) that measured ``start`` to ``stop``:
+    those taken then, and the first one after (each measures the time since the one
+    before it); the last one for a stage after them all; None if there is none."""
     if frame is None or not len(frame):
         return None
     times = frame["time"].to_numpy()
-    lo, hi = np.searchsorted(times, [start, stop], side="left")
-    if hi > lo:
-        return frame.iloc[lo:hi]
-    nearest = min((i for i in (lo - 1, lo) if 0 <= i < len(times)),
-                  key=lambda i: abs(times[i] - (start + stop) / 2))
-    return frame.iloc[nearest:nearest + 1]
+    lo = int(np.searchsorted(times, start, side="left"))
+    hi = int(np.searchsorted(times, stop, side="right")) + 1
+    lo = min(lo, len(times) - 1)
+    return frame.iloc[lo:max(hi, lo + 1)]
 
 
 def _host(process: str) -> str:

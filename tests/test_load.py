@@ -19,6 +19,7 @@ from distributed import Client, LocalCluster
 from test_causes import add_task_stream, task_stream
 
 import crux_dask
+from crux_dask.advice import advise
 from crux_dask.load import LOAD_COLUMNS, SCHEDULER, describe, stage_loads
 from crux_dask.path import STAGES
 
@@ -103,3 +104,18 @@ def test_the_load_is_exported_and_read_back(oversubscribed, tmp_path):
     later = crux_dask.get_load(client)  # sampling goes on after the export
     assert len(exported) >= 2
     pd.testing.assert_frame_equal(exported, later.iloc[:len(exported)])
+
+
+def test_an_oversubscribed_worker_is_told_to_have_fewer_threads(oversubscribed):
+    client = oversubscribed
+    path = crux_dask.get_wcp(client)
+    # The stages in the worker (its reports, the dispatches it received, its start of
+    # each task) outweigh the scheduler's decisions.
+    worker_side = sum(path.breakdown[s] for s in ("report", "dispatch", "worker"))
+    assert worker_side > 5 * path.breakdown["scheduler"], path.summary()
+    advice = advise(path, crux_dask.get_load(client))
+    said = advice["advice"].tolist()
+    assert "fewer threads or workers per host" in said, advice.to_string()
+    assert "more worker processes, fewer threads each" in said  # the GIL, measured
+    why = advice.set_index("advice").loc["fewer threads or workers per host", "why"]
+    assert f"on {len(os.sched_getaffinity(0))} cores" in why

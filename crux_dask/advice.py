@@ -82,11 +82,12 @@ def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
 
 
 def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
-                load: pd.DataFrame | list[tuple] | None) -> pd.DataFrame:
+                load: pd.DataFrame | dict | None) -> pd.DataFrame:
     """The advice of :func:`advise`, then the what-if changes of
     :func:`crux_dask.whatif.suggest`: the table of :meth:`crux_dask.PAG.suggest`.
 
-    ``load`` is a load table, or its rows as the scheduler keeps them, or None.
+    ``load`` is a load table, or its columns as the scheduler keeps them
+    (:meth:`~crux_dask.load.LoadLog.columns`), or None.
 
     Raises
     ------
@@ -95,12 +96,11 @@ def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
     """
     import pandas as pd
 
-    from crux_dask.load import LOAD_COLUMNS
+    from crux_dask.load import load_frame
     from crux_dask.whatif import suggest
 
-    if not isinstance(load, pd.DataFrame):
-        load = pd.DataFrame(list(load or ()), columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
-    advice = advise(path, load).rename(columns={"advice": "change", "share": "path_share"})
+    advice = advise(path, load_frame(load)).rename(
+        columns={"advice": "change", "share": "path_share"})
     replayed = suggest(store, end, path)
     return pd.concat([advice.assign(kind="advice"), replayed.assign(kind="what-if")],
                      ignore_index=True)[list(SUGGESTION_COLUMNS)]

@@ -13,15 +13,15 @@ during it.
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import TYPE_CHECKING
+from array import array
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["LOAD_COLUMNS", "SCHEDULER", "LoadLog", "describe", "stage_loads"]
+__all__ = ["LOAD_COLUMNS", "SCHEDULER", "LoadLog", "describe", "load_frame", "stage_loads"]
 
 #: The columns of the load table, with their pandas dtypes: per sample, the
 #: ``process`` (``scheduler`` or a worker's address), when it was taken (the
@@ -47,8 +47,12 @@ _STAGE_PROCESSES = {"report": ("source", SCHEDULER), "scheduler": (SCHEDULER,),
 _NAN = float("nan")
 
 
+#: The numbers of a sample, in order (every column but ``process``).
+_NUMBERS = len(LOAD_COLUMNS) - 1
+
+
 class LoadLog:
-    """The load samples of a run, the newest :data:`LOAD_MAX` of them.
+    """The load samples of a run, the newest :data:`LOAD_MAX` of them, in columns.
 
     Attributes
     ----------
@@ -57,25 +61,52 @@ class LoadLog:
     """
 
     def __init__(self, most: int = LOAD_MAX) -> None:
-        self.rows: deque[tuple] = deque(maxlen=most)
+        self.most = most
         self.dropped = 0
+        self._processes: dict[str, int] = {}
+        self._codes = array("i")
+        self._numbers = array("d")  # _NUMBERS a sample
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._codes)
 
     def add(self, process: str, time: float, cpu: float = _NAN, lag: float = _NAN,
             busy: float = _NAN, threads: float = _NAN, cores: float = _NAN,
             gil: float = _NAN) -> None:
         """Keep one sample (its fields those of :data:`LOAD_COLUMNS`)."""
-        if len(self.rows) == self.rows.maxlen:
-            self.dropped += 1
-        self.rows.append((process, time, cpu, lag, busy, threads, cores, gil))
+        self._codes.append(self._processes.setdefault(process, len(self._processes)))
+        self._numbers.extend((time, cpu, lag, busy, threads, cores, gil))
+        extra = len(self._codes) - self.most
+        if extra >= max(self.most // 10, 1):  # let the oldest go, a tenth at a time
+            del self._codes[:extra]
+            del self._numbers[:extra * _NUMBERS]
+            self.dropped += extra
+
+    def columns(self) -> dict[str, Any]:
+        """The samples as arrays, oldest first: what :func:`load_frame` reads (and what
+        pickles in one copy)."""
+        return {"processes": list(self._processes),
+                "codes": np.array(self._codes, np.int32),
+                "numbers": np.array(self._numbers).reshape(-1, _NUMBERS)}
 
     def frame(self) -> pd.DataFrame:
         """The samples as a table of :data:`LOAD_COLUMNS`, oldest first."""
-        import pandas as pd
+        return load_frame(self.columns())
 
-        return pd.DataFrame(list(self.rows), columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+
+def load_frame(load: pd.DataFrame | dict[str, Any] | None) -> pd.DataFrame:
+    """A load table of :data:`LOAD_COLUMNS`: ``load`` itself, the table of
+    :meth:`LoadLog.columns`, or an empty one for None."""
+    import pandas as pd
+
+    if isinstance(load, pd.DataFrame):
+        return load
+    if load is None:
+        return pd.DataFrame(columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+    names = np.asarray(load["processes"] or [""], object)
+    frame = pd.DataFrame(load["numbers"].reshape(-1, _NUMBERS), columns=list(LOAD_COLUMNS)[1:])
+    frame.insert(0, "process", names[load["codes"]])
+    return frame.astype(LOAD_COLUMNS)
 
 
 def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:

@@ -221,10 +221,10 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
 
 
 def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any,
-                  load: list[tuple] | None = None) -> None:
+                  load: dict | None = None) -> None:
     """:func:`~crux_dask.advice.what_to_fix` for the store
     :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on its observed path to ``end``,
-    with the ``load`` rows, sent on the connection ``answer`` as ``(table, None)``, or
+    with the ``load`` columns, sent on the connection ``answer`` as ``(table, None)``, or
     ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
     ``pieces``, one per message, until an empty one.
 

@@ -61,8 +61,8 @@ class GraphView:
     whose view has no ``store`` (only its ``progress``); for a graph that no
     longer changes, a thread.  What is computed there reads a view with the
     ``store``; its critical path is computed once per view and shared by the
-    components that read it.  ``load`` gives the rows of the run's load table
-    (:mod:`crux_dask.load`), where known.
+    components that read it.  ``load`` gives the run's load table, or its columns
+    (:func:`crux_dask.load.load_frame`), where known.
     """
 
     store: PAGStore | None
@@ -70,7 +70,7 @@ class GraphView:
     selection: PathSelection | None = None
     analyse: Analyse | None = None
     progress: Progress | None = None
-    load: Callable[[], list[tuple]] | None = None
+    load: Callable[[], Any] | None = None
     _path: CriticalPath | None = None
 
     @classmethod
@@ -129,7 +129,7 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
     def view() -> GraphView:
         progress = plugin.progress()
         current = GraphView(None, progress.end, analyse=plugin.analyse, progress=progress,
-                            load=lambda: list(plugin.load.log.rows))
+                            load=plugin.load.log.columns)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -224,8 +224,7 @@ def static_source(pag: PAG, run_id: str | None = None, load: Any = None) -> Sour
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
     view = GraphView.fixed(pag.stores[index], pag.ends[index])
     if load is not None:
-        rows = list(load.itertuples(index=False, name=None))
-        view.load = lambda: rows
+        view.load = lambda: load
     return lambda: view
 
 

@@ -31,7 +31,7 @@ COLUMNS = ("kind", "change", "why", "predicted", "saved", "saved_share", "path_t
 NICENESS = 10
 
 
-def _suggestions(store: PAGStore, end: int, load: list[tuple] | None) -> pd.DataFrame:
+def _suggestions(store: PAGStore, end: int, load: Any) -> pd.DataFrame:
     """The advice and the ranked changes of the whole run (see
     :func:`crux_dask.advice.what_to_fix`)."""
     from crux_dask.advice import what_to_fix
@@ -39,8 +39,7 @@ def _suggestions(store: PAGStore, end: int, load: list[tuple] | None) -> pd.Data
     return what_to_fix(store, end, critical_path(store, default_end=end), load)
 
 
-def _suggestions_apart(pieces: list[bytes], end: int, load: list[tuple] | None
-                       ) -> pd.DataFrame:
+def _suggestions_apart(pieces: list[bytes], end: int, load: Any) -> pd.DataFrame:
     """:func:`_suggestions` of the store cut into ``pieces``
     (:meth:`~crux_dask.store.PAGStore.to_pieces`), replayed in a process of its own at a
     lower priority; call it in a thread.

@@ -165,15 +165,9 @@ def get_load(client: Client) -> Any:
 
 
 async def _get_load(client: Client) -> Any:
-    return _load_frame(await client.run_on_scheduler(_load_on_scheduler))
+    from crux_dask.load import load_frame
 
-
-def _load_frame(rows: list[tuple]) -> Any:
-    import pandas as pd
-
-    from crux_dask.load import LOAD_COLUMNS
-
-    return pd.DataFrame(rows, columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+    return load_frame(await client.run_on_scheduler(_load_on_scheduler))
 
 
 def export_parquet(client: Client, path: str | os.PathLike) -> Any:
@@ -209,8 +203,10 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
 
     pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
+    from crux_dask.load import load_frame
+
     return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions,
-                                      scopes, _load_frame(load))
+                                      scopes, load_frame(load))
 
 
 # -- run on the cluster ---------------------------------------------------------
@@ -289,7 +285,7 @@ async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     plugin = _plugin(dask_scheduler)
     transitions = await plugin.transition_chunks()
     spooled = await plugin.spooled_pieces()
-    stats, scopes, load = plugin.stats(), plugin.scopes(), list(plugin.load.log.rows)
+    stats, scopes, load = plugin.stats(), plugin.scopes(), plugin.load.log.columns()
     return await _stage(plugin, spooled, lambda end: ((end, stats, scopes, load),
                                                       transitions))
 
@@ -325,8 +321,8 @@ async def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
     return await _plugin(dask_scheduler).staged_piece(token, index)
 
 
-def _load_on_scheduler(dask_scheduler: Any) -> list[tuple]:
-    return list(_plugin(dask_scheduler).load.log.rows)
+def _load_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:
+    return _plugin(dask_scheduler).load.log.columns()
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable, steps_columns
 from crux_dask.dashboard.suggestions import SuggestionTable, _suggestions, _suggestions_apart
 from crux_dask.dashboard.timeline import WCPTimeline
+from crux_dask.load import LoadLog
 
 from workloads import chain
 
@@ -268,7 +269,9 @@ def test_the_live_replay_runs_in_a_process_of_its_own():
     for i, (worker, seconds) in enumerate([("a", 0.5), ("a", 0.5), ("b", 0.1)]):
         b.compute(f"work-{i}", f"tcp://{worker}:1", 1, 1.0 + i, 1.0 + i + seconds, 8)
     store, end = b.store, b.end
-    load = [("scheduler", 1.5, 0.99, 0.2, *[float("nan")] * 4)]  # travels with the graph
+    log = LoadLog()
+    log.add("scheduler", 1.5, 0.99, 0.2)
+    load = log.columns()  # travels with the graph
     expected = _suggestions(store, end, load)
     replayed = _suggestions_apart(store.to_pieces(), end, load)
     pd.testing.assert_frame_equal(replayed, expected)

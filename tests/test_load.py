@@ -20,7 +20,7 @@ from test_causes import add_task_stream, task_stream
 
 import crux_dask
 from crux_dask.advice import advise
-from crux_dask.load import LOAD_COLUMNS, SCHEDULER, describe, stage_loads
+from crux_dask.load import LOAD_COLUMNS, SCHEDULER, LoadLog, describe, load_frame, stage_loads
 from crux_dask.path import STAGES
 
 THREADS = 8
@@ -119,3 +119,15 @@ def test_an_oversubscribed_worker_is_told_to_have_fewer_threads(oversubscribed):
     assert "more worker processes, fewer threads each" in said  # the GIL, measured
     why = advice.set_index("advice").loc["fewer threads or workers per host", "why"]
     assert f"on {len(os.sched_getaffinity(0))} cores" in why
+
+
+def test_the_log_keeps_the_newest_samples_in_columns():
+    log = LoadLog(most=100)
+    for i in range(250):
+        log.add(SCHEDULER if i % 2 else "tcp://10.0.0.1:1", float(i), cpu=i / 250)
+    frame = log.frame()
+    assert 100 <= len(frame) < 110 and log.dropped == 250 - len(frame)
+    assert frame["time"].tolist() == [float(i) for i in range(250 - len(frame), 250)]
+    assert (frame["process"] == SCHEDULER).tolist() == [t % 2 == 1 for t in frame["time"]]
+    assert frame["lag"].isna().all() and list(frame.columns) == list(LOAD_COLUMNS)
+    assert load_frame(log.columns()).equals(frame) and load_frame(None).empty

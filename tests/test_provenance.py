@@ -12,10 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from distributed.utils_test import gen_cluster
+from distributed.utils_test import async_poll_for, gen_cluster
 
 import crux_dask
 from crux_dask.cli import main
+from crux_dask.load import stage_loads
+from crux_dask.path import PARTS
 from crux_dask.provenance import TABLES, ProvenanceError, read_dataset, write_dataset
 
 
@@ -49,6 +51,8 @@ async def test_round_trip_of_a_real_run(c, s, a, b, tmp_path):
         await asyncio.sleep(0.01)
     live = await crux_dask.get_pag(c)
     live_path = await crux_dask.get_wcp(c)
+    sampled = s.plugins["crux"].load.log  # a sample of each process before the export
+    await async_poll_for(lambda: len(set(sampled.frame()["process"])) == 3, timeout=10)
     dataset = await crux_dask.export_parquet(c, tmp_path / "runs")
 
     offline = crux_dask.read_parquet(dataset)
@@ -56,6 +60,12 @@ async def test_round_trip_of_a_real_run(c, s, a, b, tmp_path):
     pd.testing.assert_frame_equal(offline.mutations, live.mutations)
     pd.testing.assert_frame_equal(offline.wcp().states, live_path.states)
     assert offline.wcp().length == pytest.approx(live_path.length)
+    # Stage by stage, and with the load each ran under.
+    steps, live_steps = offline.wcp().to_frame(), live_path.to_frame()
+    pd.testing.assert_frame_equal(steps[list(PARTS)], live_steps[list(PARTS)])
+    load = crux_dask.read_load(dataset)
+    assert set(load["process"]) == {"scheduler", a.address, b.address}
+    pd.testing.assert_frame_equal(stage_loads(steps, load), stage_loads(live_steps, load))
 
     metadata = json.loads((dataset / "metadata.json").read_text())
     (run,) = metadata["runs"].values()

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crux_dask import PAG, PAGBuilder
+from crux_dask.path import PARTS
 from crux_dask.provenance import read_dataset, write_dataset
 
 WORKERS = ["tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
@@ -77,8 +78,11 @@ class Cluster:
             runnable = draw(st.sampled_from([None, sent + self.offset[worker] + 0.001]))
             freed = draw(st.sampled_from(self.done)) if self.done and draw(
                 st.integers(0, 3)) == 0 else None
+            # ... and when the scheduler learnt it finished (its priority, files and
+            # first sending not recorded).
+            announced = draw(st.sampled_from([None, stop - self.offset[worker] + 0.003]))
             moments = (sent, None if runnable is None else runnable - 0.0005, runnable,
-                       freed, self.where_computed.get(freed))
+                       freed, self.where_computed.get(freed), None, None, None, announced)
         self.report("scheduler", ("compute", key, worker, draw(st.sampled_from([1, 2, None])),
                                   start, stop, draw(st.integers(0, 10_000)), tuple(inputs), 0,
                                   None, None, None, None, None, None, *moments))
@@ -167,7 +171,7 @@ def assert_same_graph(live: PAGBuilder, offline: PAG) -> None:
     assert list(rebuilt.state_cause) == list(store.state_cause), "last causes differ"
     for name in ("cause_src", "cause_dst", "cause_kind"):
         assert list(getattr(rebuilt, name)) == list(getattr(store, name)), name
-    for name in ("state_requested", "state_received", "state_runnable"):
+    for name in ("state_requested", "state_received", "state_runnable", "state_announced"):
         assert _same_floats(getattr(rebuilt, name), getattr(store, name)), name
     shown = live.pag()
     for method in ("observed", "longest"):
@@ -177,6 +181,8 @@ def assert_same_graph(live: PAGBuilder, offline: PAG) -> None:
             expected.steps[["via", "mutation_id", "cause_id"]]), method
         assert math.isclose(got.length, expected.length, abs_tol=1e-12), method
         assert got.breakdown == pytest.approx(expected.breakdown, abs=1e-9), method
+        for part in PARTS:  # every stage of every step
+            assert np.allclose(got.steps[part], expected.steps[part], atol=1e-9), part
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,7 +1,7 @@
 """Advice a user can act on, each backed by the figures of the path and the load that
 triggered it.
 
-Each rule reads the stages of a path (:data:`~crux_dask.path.STAGES`) and the
+Each rule reads the stages of a path (:data:`~crux_dask.costs.STAGES`) and the
 load they ran under (:func:`~crux_dask.load.stage_loads`):
 
 * **larger tasks**: the path's tasks are short against what each costs to

@@ -1,6 +1,6 @@
 """The load of each process of a run, sampled, and the load each stage of a path ran under.
 
-A stage of a step's scheduling (:data:`~crux_dask.path.STAGES`) is long for a
+A stage of a step's scheduling (:data:`~crux_dask.costs.STAGES`) is long for a
 reason the stage's own two moments do not tell: the process it ran in was
 busy.  The scheduler samples, for itself and for every worker, what
 distributed measures (:mod:`crux_dask.plugins.load`): the process's CPU, how

@@ -24,6 +24,7 @@ from distributed.diagnostics.task_stream import TaskStreamPlugin
 
 import crux_dask
 from crux_dask import PAGBuilder
+from crux_dask.load import stage_loads
 from crux_dask.path import CATEGORIES, PARTS
 
 A = "tcp://10.0.0.1:1"
@@ -262,6 +263,10 @@ def test_every_second_of_a_real_collection_has_a_cause(two_by_two, name):
     path = crux_dask.get_wcp(client)
     check_breakdown(path)
     check_stages(crux_dask.get_pag(client), path)
+    # Every stage over a tenth of the path carries the load it ran under.
+    loads = stage_loads(path.to_frame(), crux_dask.get_load(client))
+    long = loads[loads["seconds"] >= 0.1 * path.length]
+    assert (long["samples"] > 0).all() and long[["cpu", "lag"]].notna().all().all()
     steps = path.to_frame()[["via", "kind", "key", "busy", *PARTS]]
     # Every second of the path's scheduling is a stage of its own.
     assert path.breakdown["wait"] + path.breakdown["scheduling"] <= 0.1 * path.length, \

@@ -74,8 +74,9 @@ def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
     contended = loads[(loads["process"] != SCHEDULER) & (loads["gil"] > GIL_CONTENDED)]
     busy = loads[(loads["process"] == SCHEDULER) & ((loads["cpu"] >= SCHEDULER_BUSY)
                                                    | (loads["lag"] >= SCHEDULER_LATE))]
-    rows = [row for row in (_larger_tasks(path, steps, busy), _fewer_threads(path, crowded),
-                            _processes(path, contended), _scheduler(path, busy))
+    rows = [row for row in (_larger_tasks(path, steps, busy),
+                            _backed(path, crowded, "crowded"),
+                            _backed(path, contended, "contended"), _backed(path, busy, "busy"))
             if row is not None and row["share"] >= LEAST_SHARE]
     table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS))
     return table.sort_values("share", ascending=False, kind="stable").reset_index(drop=True)
@@ -130,39 +131,42 @@ def _larger_tasks(path: CriticalPath, steps: pd.DataFrame, busy: pd.DataFrame
             "share": float(overhead.sum()) / path.length}
 
 
-def _fewer_threads(path: CriticalPath, crowded: pd.DataFrame) -> dict | None:
-    """Stages in workers whose host had more busy threads than cores."""
-    if crowded.empty:
-        return None
+def _crowded(crowded: pd.DataFrame) -> str:
     worst = crowded.loc[(crowded["host_busy"] - crowded["cores"]).idxmax()]
-    return {"advice": "fewer threads or workers per host",
-            "why": f"{crowded['seconds'].sum():.3f} s of the path's stages ran while their "
-                   f"host had more busy threads than cores, up to {worst['host_busy']:.0f} on "
-                   f"{worst['cores']:.0f} cores ({_names(crowded)})",
-            "share": float(crowded["seconds"].sum()) / path.length}
+    return (f"their host had more busy threads than cores, up to {worst['host_busy']:.0f} "
+            f"on {worst['cores']:.0f} cores")
 
 
-def _processes(path: CriticalPath, waiting: pd.DataFrame) -> dict | None:
-    """Stages in workers whose threads waited for the GIL."""
-    if waiting.empty:
+def _contended(waiting: pd.DataFrame) -> str:
+    return (f"their worker's threads waited for the GIL {np.nanmean(waiting['gil']):.0%} "
+            f"of the time on average")
+
+
+def _busy(busy: pd.DataFrame) -> str:
+    return (f"the scheduler's CPU was up to {busy['cpu'].max():.0%} and its event loop up "
+            f"to {busy['lag'].max() * 1e3:.0f} ms late")
+
+
+#: The advice the load supports: what it says, and how it says why.
+_LOAD_ADVICE = {
+    "crowded": ("fewer threads or workers per host", _crowded),
+    "contended": ("more worker processes, fewer threads each", _contended),
+    "busy": ("fewer tasks for the scheduler (larger chunks, one graph instead of many, no "
+             "costly scheduler plugins)", _busy),
+}
+
+
+def _backed(path: CriticalPath, loads: pd.DataFrame, rule: str) -> dict | None:
+    """The advice ``rule`` of :data:`_LOAD_ADVICE`, backed by the stages of ``loads``;
+    None without any."""
+    if loads.empty:
         return None
-    return {"advice": "more worker processes, fewer threads each",
-            "why": f"{waiting['seconds'].sum():.3f} s of the path's stages ran while their "
-                   f"worker's threads waited for the GIL {np.nanmean(waiting['gil']):.0%} of "
-                   f"the time on average ({_names(waiting)})",
-            "share": float(waiting["seconds"].sum()) / path.length}
-
-
-def _scheduler(path: CriticalPath, busy: pd.DataFrame) -> dict | None:
-    """The scheduler's stages, while it was busy or late."""
-    if busy.empty:
-        return None
-    return {"advice": "fewer tasks for the scheduler (larger chunks, one graph instead of "
-                      "many, no costly scheduler plugins)",
-            "why": f"{busy['seconds'].sum():.3f} s of the path waited for the scheduler "
-                   f"while its CPU was {busy['cpu'].max():.0%} and its event loop up to "
-                   f"{busy['lag'].max() * 1e3:.0f} ms late",
-            "share": float(busy["seconds"].sum()) / path.length}
+    advice, why = _LOAD_ADVICE[rule]
+    seconds = float(loads["seconds"].sum())
+    return {"advice": advice,
+            "why": f"{seconds:.3f} s of the path's stages ran while {why(loads)} "
+                   f"({_names(loads)})",
+            "share": seconds / path.length}
 
 
 def _names(loads: pd.DataFrame) -> str:

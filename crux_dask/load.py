@@ -136,25 +136,32 @@ def stage_loads(steps: pd.DataFrame, load: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
-    by_process = {name: frame.sort_values("time") for name, frame in load.groupby("process")}
-    rows = []
-    for step in steps.itertuples(index=False):
-        at = step.stop - step.cost + step.client
-        for stage in ("report", "scheduler", "rescheduled", "dispatch", "worker"):
-            seconds = getattr(step, stage)
-            start, at = at, at + seconds
-            if stage == "scheduler" and step.report + seconds == 0.0:
-                at += step.scheduling  # the report and the decision, not told apart
-            if seconds <= 0.0 or stage not in _STAGE_PROCESSES:
-                continue
-            for side in _STAGE_PROCESSES[stage]:
-                process = _process(step, side)
-                rows.append({"step": step.step, "stage": stage, "seconds": seconds,
-                             "start": start, "stop": start + seconds, "process": process,
-                             **_during(by_process, process, start, start + seconds)})
-    columns = ["step", "stage", "seconds", "start", "stop", "process", "samples", "cpu",
-               "lag", "busy", "threads", "cores", "host_busy", "gil"]
-    return pd.DataFrame(rows, columns=columns)
+    rows = _stage_rows(steps)
+    n = len(rows["step"])
+    found = {name: np.zeros(n) if name == "samples" else np.full(n, _NAN)
+             for name in ("samples", *_MEASURES, "host_busy")}
+    series = {name: _Series(frame) for name, frame in load.groupby("process")}
+    processes = rows["process"]
+    for process in set(processes.tolist()):
+        at = np.flatnonzero(processes == process)
+        sampled = series.get(process)
+        if sampled is None:
+            continue
+        start, stop = rows["start"][at], rows["stop"][at]
+        lo, hi = sampled.window(start, stop)
+        found["samples"][at] = hi - lo
+        for name in _MEASURES:
+            found[name][at] = (sampled.largest(name, lo, hi) if name == "lag"
+                               else sampled.mean(name, lo, hi))
+        if process != SCHEDULER:
+            found["host_busy"][at] = sum(
+                np.nan_to_num(other.mean("busy", *other.window(start, stop)))
+                for name, other in series.items()
+                if name != SCHEDULER and _host(name) == _host(process))
+    frame = pd.DataFrame({**rows, **found})
+    return frame.astype({"samples": "int64"})[[
+        "step", "stage", "seconds", "start", "stop", "process", "samples", "cpu", "lag",
+        "busy", "threads", "cores", "host_busy", "gil"]]
 
 
 def describe(row: pd.Series | dict) -> str:
@@ -175,51 +182,78 @@ def describe(row: pd.Series | dict) -> str:
     return "; ".join(said)
 
 
-def _process(step: tuple, side: str) -> str:
-    """The process on ``side`` of ``step``: the scheduler, or a worker by address."""
-    if side == SCHEDULER:
-        return SCHEDULER
-    location = getattr(step, side)
-    return location.partition("@")[2] or location
+#: The measures of a sample averaged over a stage (its lag: the largest).
+_MEASURES = ("cpu", "lag", "busy", "threads", "cores", "gil")
 
 
-def _during(by_process: dict[str, pd.DataFrame], process: str, start: float,
-            stop: float) -> dict[str, float]:
-    """The load of ``process`` from ``start`` to ``stop``: its samples then, else the
-    nearest one; the tasks busy on its host summed over the host's workers."""
-    samples = _samples(by_process.get(process), start, stop)
-    if samples is None:
-        return {"samples": 0, **dict.fromkeys(
-            ("cpu", "lag", "busy", "threads", "cores", "host_busy", "gil"), _NAN)}
-    host = _host(process)
-    host_busy = sum(float(np.nanmean(found["busy"])) for name, frame in by_process.items()
-                    if name != SCHEDULER and _host(name) == host
-                    and (found := _samples(frame, start, stop)) is not None
-                    and found["busy"].notna().any())
-    return {"samples": len(samples), "cpu": _mean(samples["cpu"]),
-            "lag": float(samples["lag"].max()), "busy": _mean(samples["busy"]),
-            "threads": _mean(samples["threads"]), "cores": _mean(samples["cores"]),
-            "host_busy": host_busy if process != SCHEDULER else _NAN,
-            "gil": _mean(samples["gil"])}
+def _stage_rows(steps: pd.DataFrame) -> dict[str, np.ndarray]:
+    """One row per stage of a step longer than zero and process it ran in, in the order
+    of the steps, their stages and the processes of each: ``step``, ``stage``,
+    ``seconds``, ``start``, ``stop`` and ``process``."""
+    at = (steps["stop"] - steps["cost"] + steps["client"]).to_numpy()
+    parts: list[dict[str, np.ndarray]] = []
+    for order, stage in enumerate(("report", "scheduler", "rescheduled", "dispatch",
+                                   "worker")):
+        seconds = steps[stage].to_numpy()
+        start, at = at, at + seconds
+        if stage == "scheduler":  # the report and the decision, not told apart
+            at = at + np.where(steps["report"].to_numpy() + seconds == 0.0,
+                               steps["scheduling"].to_numpy(), 0.0)
+        taken = seconds > 0.0
+        for side, where in enumerate(_STAGE_PROCESSES.get(stage, ())):
+            processes = (np.full(len(steps), SCHEDULER, object) if where == SCHEDULER else
+                         np.array([location.partition("@")[2] or location
+                                   for location in steps[where]], object))
+            parts.append({"step": steps["step"].to_numpy()[taken],
+                          "order": np.full(taken.sum(), 2 * order + side),
+                          "stage": np.full(taken.sum(), stage, object),
+                          "seconds": seconds[taken], "start": start[taken],
+                          "stop": start[taken] + seconds[taken],
+                          "process": processes[taken]})
+    rows = {name: np.concatenate([part[name] for part in parts]) if parts
+            else np.zeros(0, object if name in ("stage", "process") else float)
+            for name in ("step", "order", "stage", "seconds", "start", "stop", "process")}
+    order = np.lexsort((rows.pop("order"), rows["step"]))
+    return {name: values[order] for name, values in rows.items()}
 
 
-def _samples(frame: pd.DataFrame | None, start: float, stop: float) -> pd.DataFrame | None:
-    """The samples of ``frame`` (sorted by time) that measured ``start`` to ``stop``:
-    those taken then, and the first one after (each measures the time since the one
-    before it); the last one for a stage after them all; None if there is none."""
-    if frame is None or not len(frame):
-        return None
-    times = frame["time"].to_numpy()
-    lo = int(np.searchsorted(times, start, side="left"))
-    hi = int(np.searchsorted(times, stop, side="right")) + 1
-    lo = min(lo, len(times) - 1)
-    return frame.iloc[lo:max(hi, lo + 1)]
+class _Series:
+    """The samples of one process, sorted by time, with running sums to average any
+    run of them at once."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        frame = frame.sort_values("time", kind="stable")
+        self.times = frame["time"].to_numpy()
+        self.values = {name: frame[name].to_numpy(float) for name in _MEASURES}
+        self.sums = {name: np.concatenate([[0.0], np.cumsum(np.nan_to_num(v))])
+                     for name, v in self.values.items()}
+        self.counts = {name: np.concatenate([[0], np.cumsum(~np.isnan(v))])
+                       for name, v in self.values.items()}
+
+    def window(self, start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The samples that measured each ``start`` to ``stop``: those taken then, and
+        the first one after (each measures the time since the one before it); the
+        last one for a stage after them all.  As ranges ``lo`` to ``hi``."""
+        last = len(self.times) - 1
+        lo = np.minimum(np.searchsorted(self.times, start, side="left"), last)
+        hi = np.searchsorted(self.times, stop, side="right") + 1
+        return lo, np.minimum(np.maximum(hi, lo + 1), last + 1)
+
+    def mean(self, name: str, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The mean of measure ``name`` over each range (NaN where never measured)."""
+        counts = self.counts[name][hi] - self.counts[name][lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, (self.sums[name][hi] - self.sums[name][lo])
+                            / np.maximum(counts, 1), _NAN)
+
+    def largest(self, name: str, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The largest of measure ``name`` over each range (NaN where never measured)."""
+        values = np.append(self.values[name], _NAN)
+        ranges = np.empty(2 * len(lo), np.int64)
+        ranges[0::2], ranges[1::2] = lo, hi
+        return np.fmax.reduceat(values, ranges)[0::2] if len(lo) else np.zeros(0)
 
 
 def _host(process: str) -> str:
     """The host of a worker's address (``tcp://10.0.0.1:4000`` → ``10.0.0.1``)."""
     return process.rpartition("://")[2].rpartition(":")[0]
-
-
-def _mean(values: pd.Series) -> float:
-    return float(values.mean()) if values.notna().any() else _NAN

@@ -15,8 +15,8 @@ import crux_dask
 from crux_dask.advice import advise
 
 #: Seconds the slow plugin burns in the scheduler's event loop at each transition: a
-#: task's four cost more than its run (:func:`rest`), on two threads.
-BURN = 0.01
+#: task's transitions cost more than its run (:func:`rest`), on two threads.
+BURN = 0.02
 
 
 def nap(x: int) -> int:

@@ -155,7 +155,7 @@ def test_reads_of_more_files_than_threads_wait_for_the_reads_before_them(one_thr
     # held, and the path walks through them, not through one long wait of a read.
     client = one_thread
     for i in range(8):
-        pd.DataFrame({"x": np.random.default_rng(i).random(400_000)}).to_parquet(
+        pd.DataFrame({"x": np.random.default_rng(i).random(800_000)}).to_parquet(
             tmp_path / f"part.{i}.parquet")
     dd.read_parquet(tmp_path).x.sum().compute()
     path = crux_dask.get_wcp(client)
@@ -163,10 +163,13 @@ def test_reads_of_more_files_than_threads_wait_for_the_reads_before_them(one_thr
     check_stages(crux_dask.get_pag(client), path)
     steps = path.to_frame()
     reads = steps[steps["label"].str.startswith("read_parquet")]
-    assert len(reads) >= 4, steps.to_string()
-    assert (steps["via"] == "thread").sum() >= len(reads) - 1
-    first = steps[steps["category"] == "io"].iloc[0]  # a file's content into memory
-    assert first["cost"] <= 0.1 * path.length, steps.to_string()
+    assert len(reads) >= 2 and (steps["via"] == "thread").sum() >= 4, steps.to_string()
+    # The first file's content into memory waited only for its task's arrival: far
+    # less than the tasks after it held the thread.
+    first = steps[steps["category"] == "io"].iloc[0]
+    tasks = steps[steps["category"] == "compute"]
+    held = (tasks["busy"] + tasks["io"]).iloc[1:].sum()
+    assert first["cost"] <= 0.5 * held, steps.to_string()
     # Dask's task stream: the reads on the path ran one after another.
     stream = {str(r["key"]): r for r in client.run_on_scheduler(task_stream)}
     runs = sorted(next((s["start"], s["stop"]) for s in stream[key]["startstops"]

@@ -191,6 +191,10 @@ def _stage_rows(steps: pd.DataFrame) -> dict[str, np.ndarray]:
     of the steps, their stages and the processes of each: ``step``, ``stage``,
     ``seconds``, ``start``, ``stop`` and ``process``."""
     at = (steps["stop"] - steps["cost"] + steps["client"]).to_numpy()
+    processes = {SCHEDULER: np.full(len(steps), SCHEDULER, object),
+                 **{side: np.array([location.partition("@")[2] or location
+                                    for location in steps[side]], object)
+                    for side in ("source", "destination")}}
     parts: list[dict[str, np.ndarray]] = []
     for order, stage in enumerate(("report", "scheduler", "rescheduled", "dispatch",
                                    "worker")):
@@ -201,15 +205,12 @@ def _stage_rows(steps: pd.DataFrame) -> dict[str, np.ndarray]:
                                steps["scheduling"].to_numpy(), 0.0)
         taken = seconds > 0.0
         for side, where in enumerate(_STAGE_PROCESSES.get(stage, ())):
-            processes = (np.full(len(steps), SCHEDULER, object) if where == SCHEDULER else
-                         np.array([location.partition("@")[2] or location
-                                   for location in steps[where]], object))
             parts.append({"step": steps["step"].to_numpy()[taken],
                           "order": np.full(taken.sum(), 2 * order + side),
                           "stage": np.full(taken.sum(), stage, object),
                           "seconds": seconds[taken], "start": start[taken],
                           "stop": start[taken] + seconds[taken],
-                          "process": processes[taken]})
+                          "process": processes[where][taken]})
     rows = {name: np.concatenate([part[name] for part in parts]) if parts
             else np.zeros(0, object if name in ("stage", "process") else float)
             for name in ("step", "order", "stage", "seconds", "start", "stop", "process")}

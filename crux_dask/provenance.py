@@ -252,12 +252,12 @@ def read_table(path: str | os.PathLike, table: str, run_id: str) -> pd.DataFrame
 def read_load(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFrame:
     """The load sampled during one run (the latest by default), as
     :func:`crux_dask.get_load` gives it: empty for a dataset written before version 7."""
-    from crux_dask.load import LOAD_COLUMNS
+    from crux_dask.load import LOAD_COLUMNS, load_frame
 
     root = Path(path)
     run_id = list(_read_metadata(root)["runs"])[-1] if run_id is None else run_id
     if not _table_file(root, "load", run_id).is_file():
-        return pd.DataFrame(columns=list(LOAD_COLUMNS)).astype(LOAD_COLUMNS)
+        return load_frame(None)
     return to_pandas(_arrow_table(root, "load", run_id)).astype(LOAD_COLUMNS)
 
 

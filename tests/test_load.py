@@ -26,7 +26,7 @@ from crux_dask.path import STAGES
 THREADS = 8
 
 
-def spin(i: int, n: int = 150_000) -> int:
+def spin(i: int, n: int = 600_000) -> int:
     """Pure Python: holds the GIL for all its run."""
     total = 0
     for j in range(n):
@@ -49,6 +49,8 @@ def oversubscribed():
                          dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
         client.run_on_scheduler(add_task_stream)
+        # 72 tasks of about 30 ms: two seconds of work, so that several of the system
+        # monitor's half-second windows of GIL contention fall inside the run.
         dask.compute(layered())
         yield client
 

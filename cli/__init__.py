@@ -38,8 +38,8 @@ def format_path(path: CriticalPath, max_key: int = 40) -> str:
         **{part: frame[part].round(3) for part in STAGES},
         sched=(frame["scheduling"] + frame["queued"]).round(3),
         wait=frame["wait"].round(3),
-    )[["step", "via", "kind", "key", "source", "destination", "at", "busy", "client", *STAGES,
-       "sched", "wait"]]
+    )[["step", "via", "kind", "key", "straggler", "source", "destination", "at", "busy",
+       "client", *STAGES, "sched", "wait"]]
     return f"{table.to_string(index=False)}\n\n{path.summary()}"
 
 
@@ -194,17 +194,16 @@ def _load(path: str, run: str | None = None):
               help="Also write the path as a standalone HTML page.")
 def report(path: str, run_id: str | None, computation: int | None, span: str | None,
            html_file: str | None) -> None:
-    from distributed.utils import key_split_group
-
+    from crux_dask.groups import key_groups
     from crux_dask.provenance import read_load, read_scopes
-    from crux_dask.scopes import key_groups, scope_path, scopes_frame, select
+    from crux_dask.scopes import scope_path, scopes_frame, select
 
     pag = _load(path, run_id)
     run_id = run_id or pag.run_ids[-1]
     store = pag.store(run_id)
     scopes = read_scopes(path, run_id)
     click.echo(f"Run {run_id}: {store.n_states:,} data states\n")
-    groups = key_groups(store, key_split_group) if scopes else None
+    groups = key_groups(store) if scopes else None
     if computation is None and span is None:
         path_ = pag.wcp(run_id=run_id)
     else:
@@ -303,8 +302,11 @@ def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) 
 @click.option("--transfer-speedup", default=None, type=float,
               help="Make transfers K times faster ('inf': free).")
 @click.option("--no-spill", is_flag=True, help="Remove the time spent spilling.")
+@click.option("--stragglers-at-median", is_flag=True,
+              help="Each straggler computes for its task group's median seconds.")
 def whatif(path: str, run_id: str | None, workers: int | None, threads: int | None,
-           speedup: tuple[str, ...], transfer_speedup: float | None, no_spill: bool) -> None:
+           speedup: tuple[str, ...], transfer_speedup: float | None, no_spill: bool,
+           stragglers_at_median: bool) -> None:
     pag = _load(path, run_id)
     try:
         factors = {}
@@ -315,7 +317,8 @@ def whatif(path: str, run_id: str | None, workers: int | None, threads: int | No
             factors[prefix] = float(factor)
         result = pag.what_if(workers=workers, threads=threads, speedup=factors or None,
                              transfer_speedup=transfer_speedup, spill=not no_spill,
-                             run_id=run_id)
+                             run_id=run_id,
+                             stragglers="median" if stragglers_at_median else None)
     except ValueError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)

@@ -26,6 +26,8 @@ _EXPORTS = {
     "ProvenanceError": "crux_dask.provenance",
     "read_parquet": "crux_dask.provenance",
     "read_load": "crux_dask.provenance",
+    "read_groups": "crux_dask.provenance",
+    "read_functions": "crux_dask.provenance",
     "stage_loads": "crux_dask.load",
     "crux_report": "crux_dask.dashboard.report",
     "attach": "crux_dask.plugins.api",
@@ -34,6 +36,7 @@ _EXPORTS = {
     "get_computations": "crux_dask.plugins.api",
     "get_stats": "crux_dask.plugins.api",
     "get_load": "crux_dask.plugins.api",
+    "get_functions": "crux_dask.plugins.api",
     "flush": "crux_dask.plugins.api",
     "export_parquet": "crux_dask.plugins.api",
 }

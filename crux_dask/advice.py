@@ -13,10 +13,16 @@ load they ran under (:func:`~crux_dask.load.stage_loads`):
 * **processes, not threads**: a worker whose threads waited for the GIL:
   more worker processes with fewer threads each;
 * **a busy scheduler**: the scheduler's stages ran while its CPU was full
-  or its event loop late: fewer tasks, or one graph instead of many.
+  or its event loop late: fewer tasks, or one graph instead of many;
+* **skew**: the path goes through stragglers whose bytes explain them
+  (:mod:`crux_dask.groups`): repartition, or salt the hot key;
+* **a slow task**: the path goes through stragglers with their group's bytes:
+  look at the worker or the file behind them.
 
 The what-if replay does not model cores, the GIL or the scheduler's own cost,
-so none of these carries a prediction.
+so none of the load's advice carries a prediction; the stragglers' does, as
+the what-if of :func:`crux_dask.whatif.suggest` that replays them at their
+group's median.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from crux_dask.groups import describe_straggler
 from crux_dask.load import SCHEDULER, stage_loads
 from crux_dask.path import STAGES
 
@@ -76,7 +83,8 @@ def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
                                                    | (loads["lag"] >= SCHEDULER_LATE))]
     rows = [row for row in (_larger_tasks(path, steps, busy),
                             _backed(path, crowded, "crowded"),
-                            _backed(path, contended, "contended"), _backed(path, busy, "busy"))
+                            _backed(path, contended, "contended"), _backed(path, busy, "busy"),
+                            *_stragglers(path))
             if row is not None and row["share"] >= LEAST_SHARE]
     table = pd.DataFrame(rows, columns=list(ADVICE_COLUMNS))
     return table.sort_values("share", ascending=False, kind="stable").reset_index(drop=True)
@@ -167,6 +175,29 @@ def _backed(path: CriticalPath, loads: pd.DataFrame, rule: str) -> dict | None:
             "why": f"{seconds:.3f} s of the path's stages ran while {why(loads)} "
                    f"({_names(loads)})",
             "share": seconds / path.length}
+
+
+#: What to do about the stragglers of each kind.
+_STRAGGLER_ADVICE = {
+    "skew": "repartition, or salt the hot key, so that no partition holds many times "
+            "its siblings' bytes",
+    "slow": "look at the worker or the file behind the slow task: it had its siblings' "
+            "bytes",
+}
+
+
+def _stragglers(path: CriticalPath) -> list[dict]:
+    """The advice for the path's stragglers of each kind, the worst three named."""
+    flagged = path.stragglers()
+    rows = []
+    for kind, advice in _STRAGGLER_ADVICE.items():
+        these = flagged[flagged["straggler"] == kind]
+        if len(these):
+            rows.append({"advice": advice,
+                         "why": "; ".join(f"{describe_straggler(row)}, on {row.destination}"
+                                          for row in these.head(3).itertuples(index=False)),
+                         "share": float(these["share"].sum())})
+    return rows
 
 
 def _names(loads: pd.DataFrame) -> str:

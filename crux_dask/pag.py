@@ -134,7 +134,7 @@ class PAG:
     def what_if(self, workers: int | None = None, threads: int | None = None,
                 speedup: dict[str, float] | None = None,
                 transfer_speedup: float | None = None, spill: bool = True,
-                run_id: str | None = None) -> WhatIf:
+                run_id: str | None = None, stragglers: str | None = None) -> WhatIf:
         """Replay the run with a model of Dask's scheduler, changed (see :mod:`crux_dask.whatif`).
 
         Parameters
@@ -151,6 +151,9 @@ class PAG:
             ``False`` removes the time spent spilling to and loading from disk.
         run_id : str, optional
             The run (the latest by default).
+        stragglers : str, optional
+            ``"median"``: each straggler (:mod:`crux_dask.groups`) computes for
+            its group's median seconds.
 
         Returns
         -------
@@ -164,13 +167,14 @@ class PAG:
         ------
         ValueError
             For an unknown prefix, fewer than one worker or thread, a factor
-            that is not positive, or a run without tasks or timing.
+            that is not positive, ``stragglers`` other than ``"median"``, or a run
+            without tasks or timing.
         """
         from crux_dask.whatif import what_if
 
         index = self._run_index(run_id)
         return what_if(self.stores[index], self.ends[index], workers, threads, speedup,
-                       transfer_speedup, spill)
+                       transfer_speedup, spill, stragglers)
 
     def suggest(self, run_id: str | None = None, load: pd.DataFrame | None = None
                 ) -> pd.DataFrame:
@@ -182,7 +186,8 @@ class PAG:
         :func:`crux_dask.get_load` or :func:`crux_dask.read_load`; without it,
         only what the path alone supports).  The changes replayed: each of the
         top task prefixes of the path 2× faster, one more worker, twice the
-        threads, free transfers and no spill.
+        threads, free transfers, no spill and, where the run has any, its
+        stragglers at their group's median.
 
         Returns
         -------

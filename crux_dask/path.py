@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crux_dask.costs import CATEGORIES, PARTS, STAGES, steps_frame
+from crux_dask.groups import FLOOR, describe_straggler, flag_steps, straggler_kinds
 from crux_dask.store import PAGStore
 
 # pandas is imported where frames are made: a scheduler loads this module as it
@@ -72,7 +73,7 @@ class CriticalPath:
         else:
             sids = np.asarray([] if single is None or single < 0 else [single], "int64")
         states = store.states_frame(sids).reset_index(drop=True)
-        frame = steps_frame(store, through_cause, ids, src, dst, states)
+        frame = flag_steps(store, steps_frame(store, through_cause, ids, src, dst, states))
         length = float(states["time"].iloc[-1] - states["time"].iloc[0]) if len(states) else 0.0
         return cls(states, frame, method, length, _breakdown(frame))
 
@@ -110,7 +111,9 @@ class CriticalPath:
         the cause's); ``category`` of the busy part; ``key``, ``label``,
         ``source`` and ``destination`` locations, ``size``; ``start`` and
         ``stop`` of the operation; ``cost``
-        and its parts ``busy`` and :data:`PARTS`.
+        and its parts ``busy`` and :data:`PARTS`; and of the task the step
+        made, its ``group``, ``slowdown``, ``bytes_ratio`` and whether it is a
+        ``straggler`` (:func:`~crux_dask.groups.flag_steps`).
         """
         return self.steps
 
@@ -119,8 +122,9 @@ class CriticalPath:
 
         One row per prefix, most seconds first: ``prefix``, ``seconds`` on the
         path (the cost of its steps), ``share`` of the path's length,
-        ``steps``, and the ``dominant`` category of those seconds (a busy
-        category or one of :data:`PARTS`).
+        ``steps``, the ``dominant`` category of those seconds (a busy
+        category or one of :data:`PARTS`), and how many of its steps made a
+        ``stragglers`` (see :meth:`stragglers`).
         """
         import pandas as pd
         steps = self.steps
@@ -138,18 +142,43 @@ class CriticalPath:
             "steps": prefix.value_counts().reindex(by.index).to_numpy(dtype="int64"),
             "dominant": pd.Series(by.idxmax(axis=1).to_numpy() if len(by) else [],
                                   dtype="str"),
+            "stragglers": (steps["straggler"] != "").groupby(prefix).sum().reindex(
+                by.index).to_numpy(dtype="int64"),
         })
         table.insert(2, "share", table["seconds"] / self.length if self.length > 0 else 0.0)
         return table.sort_values("seconds", ascending=False, kind="stable").reset_index(
             drop=True)
 
+    def stragglers(self, floor: float = FLOOR) -> pd.DataFrame:
+        """The steps that made a straggler (see :mod:`crux_dask.groups`) at least ``floor``
+        seconds over its group's median, most of the path first.
+
+        Columns: ``step``, ``key``, ``group``, ``destination`` (where it was
+        computed), ``straggler`` (``skew``: its
+        bytes explain it, or ``slow``), ``cost`` of the step and its ``share``
+        of the path's length, ``slowdown`` (its task's seconds over its
+        group's median) and ``bytes_ratio`` (its larger of input and output
+        bytes over its group's medians).
+        """
+        steps = self.steps
+        kinds = straggler_kinds(steps["slowdown"].to_numpy(), steps["median"].to_numpy(),
+                                steps["bytes_ratio"].to_numpy(), floor)
+        flagged = steps.assign(straggler=kinds).loc[kinds != "", [
+            "step", "key", "group", "destination", "straggler", "cost", "slowdown",
+            "bytes_ratio"]]
+        flagged.insert(6, "share", flagged["cost"] / self.length if self.length > 0 else 0.0)
+        return flagged.sort_values("cost", ascending=False, kind="stable").reset_index(
+            drop=True)
+
     def summary(self) -> str:
-        """A few lines of text: length, steps and the breakdown."""
+        """A few lines of text: length, steps, the breakdown and the stragglers."""
         lines = [f"Workflow critical path ({self.method}): {self.length:.3f} s "
                  f"in {len(self)} steps"]
         for category, seconds in self.breakdown.items():
             share = seconds / self.length if self.length > 0 else 0.0
             lines.append(f"  {category:<11} {seconds:9.3f} s  {share:6.1%}")
+        lines += [f"  straggler {describe_straggler(row)}"
+                  for row in self.stragglers().itertuples(index=False)]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -13,6 +13,8 @@ Layout of a dataset directory (several runs, one partition each)::
     tasks.parquet/run_id=<id>/...          one row per computed task
     transitions.parquet/run_id=<id>/...    scheduler transitions (when recorded)
     wcp.parquet/run_id=<id>/...            the observed critical path's steps
+    functions.parquet/run_id=<id>/...      the function each task group runs
+    groups.parquet/run_id=<id>/...         how each task group's seconds and bytes spread
 
 Each table is a hive-partitioned dataset that pandas, pyarrow, DuckDB and
 Polars read as one table with a ``run_id`` column.  A run is written under a
@@ -53,6 +55,8 @@ __all__ = [
     "TABLES",
     "ProvenanceError",
     "read_dataset",
+    "read_functions",
+    "read_groups",
     "read_load",
     "read_scopes",
     "read_table",
@@ -75,7 +79,7 @@ LATER_COLUMNS = frozenset({("moments", "priority"), ("moments", "io"), ("wcp", "
                            ("moments", "announced"), ("wcp", "report"), ("wcp", "scheduler"),
                            ("wcp", "dispatch"), ("wcp", "worker")})
 TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp",
-          "load")
+          "load", "functions", "groups")
 METADATA = "metadata.json"
 
 
@@ -90,7 +94,8 @@ def tasks_frame(pag: PAG, run_id: str | None = None) -> pd.DataFrame:
 
 def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | None = None,
                   transitions: pd.DataFrame | None = None,
-                  scopes: Sequence[Scope] = (), load: pd.DataFrame | None = None) -> Path:
+                  scopes: Sequence[Scope] = (), load: pd.DataFrame | None = None,
+                  functions: pd.DataFrame | None = None) -> Path:
     """Add every run of ``pag`` to the dataset at ``path`` (created if needed).
 
     Parameters
@@ -108,6 +113,9 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
         The computations and spans of the last run (:mod:`crux_dask.scopes`).
     load : DataFrame, optional
         The load sampled during the last run (:data:`~crux_dask.load.LOAD_COLUMNS`).
+    functions : DataFrame, optional
+        The function of each task group of the last run
+        (:data:`~crux_dask.functions.FUNCTION_COLUMNS`).
 
     Returns
     -------
@@ -132,7 +140,8 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
                           for name, table in _run_tables(pag, run_id,
                                                          transitions if last else None,
                                                          scopes if last else (),
-                                                         load if last else None)]
+                                                         load if last else None,
+                                                         functions if last else None)]
                 for write in writes:
                     write.result()
             for table in TABLES:
@@ -148,10 +157,13 @@ def write_dataset(path: str | os.PathLike, pag: PAG, metadata: dict[str, Any] | 
 
 
 def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None,
-                scopes: Sequence[Scope], load: pd.DataFrame | None
-                ) -> Iterator[tuple[str, Any]]:
+                scopes: Sequence[Scope], load: pd.DataFrame | None,
+                functions: pd.DataFrame | None) -> Iterator[tuple[str, Any]]:
     """The tables of one run, as Arrow, one at a time."""
     import pyarrow as pa
+
+    from crux_dask.functions import function_frame
+    from crux_dask.groups import group_stats
 
     tables = schemas()
     store = pag.store(run_id)
@@ -174,6 +186,8 @@ def _run_tables(pag: PAG, run_id: str, transitions: pd.DataFrame | None,
     if load is None:
         load = pd.DataFrame(columns=tables["load"].names)
     for name, frame in (("transitions", transitions), ("load", load),
+                        ("functions", function_frame(functions)),
+                        ("groups", group_stats(store)),
                         ("wcp", pag.wcp(run_id=run_id).to_frame())):
         yield name, pa.Table.from_pandas(frame[tables[name].names], schema=tables[name],
                                          preserve_index=False)
@@ -259,6 +273,31 @@ def read_load(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFram
     if not _table_file(root, "load", run_id).is_file():
         return load_frame(None)
     return to_pandas(_arrow_table(root, "load", run_id)).astype(LOAD_COLUMNS)
+
+
+def read_functions(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFrame:
+    """The function each task group of one run (the latest by default) runs, as
+    :func:`crux_dask.get_functions` gives it: empty for a dataset written without it."""
+    from crux_dask.functions import FUNCTION_COLUMNS, function_frame
+
+    root = Path(path)
+    run_id = list(_read_metadata(root)["runs"])[-1] if run_id is None else run_id
+    if not _table_file(root, "functions", run_id).is_file():
+        return function_frame(None)
+    return to_pandas(_arrow_table(root, "functions", run_id)).astype(FUNCTION_COLUMNS)
+
+
+def read_groups(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFrame:
+    """The statistics of every task group of one run (the latest by default), as
+    :func:`crux_dask.groups.group_stats` gives them: empty for a dataset written without
+    them."""
+    from crux_dask.groups import GROUP_COLUMNS
+
+    root = Path(path)
+    run_id = list(_read_metadata(root)["runs"])[-1] if run_id is None else run_id
+    if not _table_file(root, "groups", run_id).is_file():
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in GROUP_COLUMNS.items()})
+    return to_pandas(_arrow_table(root, "groups", run_id)).astype(GROUP_COLUMNS)
 
 
 def read_scopes(path: str | os.PathLike, run_id: str) -> list[Scope]:

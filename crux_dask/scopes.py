@@ -15,8 +15,7 @@ and such steps say so (``in_scope`` is false).
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,8 +31,7 @@ from crux_dask.wcp import critical_path
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SCOPE_COLUMNS", "KeyGroups", "Scope", "key_groups", "members", "scope_path",
-           "scopes_frame", "select"]
+__all__ = ["SCOPE_COLUMNS", "Scope", "members", "scope_path", "scopes_frame", "select"]
 
 #: Columns of :func:`scopes_frame`.
 SCOPE_COLUMNS = ("kind", "id", "name", "parent", "start", "stop", "makespan", "tasks",
@@ -111,47 +109,6 @@ def select(scopes: Sequence[Scope], computation: int | None = None,
     return max(matching, key=lambda s: s.start)
 
 
-def key_groups(store: PAGStore, group_of: Callable[[str], str]) -> np.ndarray:
-    """The task group of every key of ``store``, by key code.
-
-    ``group_of`` names a key's group as the scheduler does
-    (``distributed.utils.key_split_group``).
-    """
-    groups = np.empty(len(store.keys), object)
-    groups[:] = [group_of(key) for key in store.keys.values]
-    return groups
-
-
-class KeyGroups:
-    """:func:`key_groups` of graphs that grow, each key's group found once.
-
-    Parameters
-    ----------
-    group_of : callable
-        The task group of a key.
-    """
-
-    def __init__(self, group_of: Callable[[str], str]) -> None:
-        self.group_of = group_of
-        self._known: weakref.WeakKeyDictionary[PAGStore, np.ndarray] = (
-            weakref.WeakKeyDictionary())
-
-    def __call__(self, store: PAGStore) -> np.ndarray:
-        """The task group of every key of ``store``, by key code: found on the store it is
-        a copy of, if it is one, so that each copy does not find them again."""
-        length = len(store.keys.values)
-        store = store.origin or store
-        known = self._known.get(store)
-        keys = store.keys.values
-        if known is None or len(known) < len(keys):
-            done = 0 if known is None else len(known)
-            fresh = np.empty(len(keys) - done, object)
-            fresh[:] = [self.group_of(key) for key in keys[done:]]
-            known = fresh if known is None else np.concatenate([known, fresh])
-            self._known[store] = known
-        return known[:length]
-
-
 def members(store: PAGStore, scope: Scope, groups: np.ndarray,
             computed_only: bool = True) -> np.ndarray:
     """Ids of the states of ``scope``: those its tasks computed (or, also, moved).
@@ -161,7 +118,7 @@ def members(store: PAGStore, scope: Scope, groups: np.ndarray,
     store : PAGStore
     scope : Scope
     groups : ndarray
-        The task group of each key (:func:`key_groups`).
+        The task group of each key (:func:`~crux_dask.groups.key_groups`).
     computed_only : bool
         Only states made by computing a task, not copies, spills or releases.
     """

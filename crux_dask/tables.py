@@ -60,6 +60,17 @@ def schemas() -> dict[str, Any]:
             ("lag", pa.float64()), ("busy", pa.float64()), ("threads", pa.float64()),
             ("cores", pa.float64()), ("gil", pa.float64()),
         ]),
+        "functions": pa.schema([
+            ("group", pa.string()), ("prefix", text), ("module", text),
+            ("qualname", pa.string()), ("file", text), ("line", pa.int64()),
+            ("user", pa.bool_()),
+        ]),
+        "groups": pa.schema([
+            ("group", pa.string()), ("prefix", text), ("tasks", pa.int64()),
+            ("stragglers", pa.int64()),
+            *((f"{measure}_{stat}", pa.float64()) for measure in ("seconds", "output", "input")
+              for stat in ("min", "median", "p90", "max")),
+        ]),
         "causes": pa.schema([
             ("cause_id", pa.int64()), ("src", pa.int64()), ("dst", pa.int64()),
             ("kind", text),

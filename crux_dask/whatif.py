@@ -25,7 +25,10 @@ model that behaves like ``distributed``'s scheduler and workers:
   arrival at its worker, and from its inputs there and a thread free to its
   start (see :class:`Gaps`);
 * **spill**: the seconds a worker spent spilling after a task, or loading its
-  input back from disk, are added to that task (dropped with ``spill=False``).
+  input back from disk, are added to that task (dropped with ``spill=False``);
+* **stragglers**: with ``stragglers="median"``, each straggler
+  (:mod:`crux_dask.groups`) computes for its group's median seconds; its
+  bytes stay as recorded.
 
 Not modelled: work stealing, contention for cores or the GIL between
 threads (a task's seconds do not grow with more threads), limits on
@@ -48,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from crux_dask.groups import tasks
 from crux_dask.recording import extract
 from crux_dask.replay import Run, Schedule, simulate
 from crux_dask.store import PAGStore
@@ -149,14 +153,16 @@ def predicted_pag(run: Run, schedule: Schedule):
 
 def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int | None = None,
             speedup: dict[str, float] | None = None, transfer_speedup: float | None = None,
-            spill: bool = True, run: Run | None = None) -> WhatIf:
+            spill: bool = True, stragglers: str | None = None, run: Run | None = None
+            ) -> WhatIf:
     """Replay a recorded run with changes; see :meth:`crux_dask.PAG.what_if`.
 
     Raises
     ------
     ValueError
         For an unknown label, a number of workers or threads below one, a
-        factor that is not positive, or a run without tasks or timing.
+        factor that is not positive, ``stragglers`` other than ``"median"``, or a
+        run without tasks or timing.
     """
     run = extract(store, end) if run is None else run
     changes: dict = {}
@@ -181,6 +187,12 @@ def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int 
         changes["transfer_speedup"] = transfer_speedup
     if not spill:
         changes["spill"] = False
+    duration = run.duration
+    if stragglers is not None:
+        if stragglers != "median":
+            raise ValueError(f"stragglers must be 'median', got {stragglers!r}")
+        duration = _stragglers_at_median(run)
+        changes["stragglers"] = stragglers
     base = run.replay
     if not changes:
         schedule = base
@@ -188,7 +200,7 @@ def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int 
         k = transfer_speedup or 1.0
         latency = 0.0 if math.isinf(k) else run.latency / k
         bandwidth = math.inf if math.isinf(k) else run.bandwidth * k
-        seconds = run.duration / factor + (run.spill if spill else 0.0)
+        seconds = duration / factor + (run.spill if spill else 0.0)
         schedule = simulate(run, workers or len(run.workers), threads or run.threads, seconds,
                             run.gaps, latency, bandwidth)
     return WhatIf(schedule.makespan, run.makespan, base.makespan / run.makespan - 1,
@@ -200,6 +212,7 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
     run = extract(store, end)
     steps = path.to_frame()
     on_path = steps[steps["category"] == "compute"].groupby("label")["busy"].sum()
+    on_path = on_path[on_path.index.isin(run.label_names.tolist())]  # not a shuffle's shards
     candidates: list[tuple[str, dict]] = [
         (f"{prefix} 2x faster", {"speedup": {prefix: 2.0}})
         for prefix in on_path.sort_values(ascending=False).index[:TOP_LABELS]]
@@ -209,6 +222,10 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
         ("free transfers", {"transfer_speedup": math.inf}),
         ("no spill", {"spill": False}),
     ]
+    stragglers = stragglers_in(run)
+    if stragglers:
+        candidates.append((f"{stragglers} straggler{'s' * (stragglers > 1)} at their "
+                           "group's median", {"stragglers": "median"}))
     rows = []
     for name, change in candidates:
         result = what_if(store, end, run=run, **change)
@@ -243,6 +260,19 @@ def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any,
                      None))
     except ValueError as error:  # a run without tasks or timing
         answer.send((None, error))
+
+
+def _stragglers_at_median(run: Run) -> np.ndarray:
+    """The compute seconds of the run's tasks, each straggler's its group's median."""
+    found = tasks(run.store)
+    at = found.positions(run.state)
+    straggler = found.stragglers()[at] != ""
+    return np.where(straggler, found.median_seconds[found.group[at]], run.duration)
+
+
+def stragglers_in(run: Run) -> int:
+    """How many of the run's tasks are stragglers."""
+    return int((tasks(run.store).stragglers() != "").sum())
 
 
 def _top_labels(path: CriticalPath, top: int = TOP_LABELS) -> str:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from crux_dask.groups import KeyGroups, group_name
 from crux_dask.model import file_group
-from crux_dask.plugins.scopes import group_of
-from crux_dask.scopes import KeyGroups, Scope, scope_path
+from crux_dask.scopes import Scope, scope_path
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
 
@@ -42,7 +42,7 @@ class PathSelection:
 
 def _shown_group(key: str) -> str:
     """A key's task group; a file's (its path) is its dataset or directory."""
-    return file_group(key) if key.startswith("/") else group_of(key)
+    return file_group(key) if key.startswith("/") else group_name(key)
 
 
 #: The task group of each key of the graphs shown, found once per key.
@@ -93,7 +93,7 @@ class GraphView:
 
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code (found once per key,
-        see :class:`~crux_dask.scopes.KeyGroups`)."""
+        see :class:`~crux_dask.groups.KeyGroups`)."""
         return cached_key_groups(self.store)
 
     def wcp(self) -> CriticalPath:

@@ -2,13 +2,15 @@
 
 A step released by a freed resource (a thread, a queue slot) is linked to the
 step that freed it: a line from where and when that task finished to where and
-when this one started.
+when this one started.  A step that made a straggler (:mod:`crux_dask.groups`)
+carries a triangle over its bar, red for skew, orange for a slow task.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
@@ -23,8 +25,13 @@ from crux_dask.path import PARTS
 KIND_COLORS = dict(zip([k.name for k in (*MutationKind, *CauseKind)], Category10[8]))
 #: A bar's lane is its step's destination.
 COLUMNS = ("left", "right", "wait_left", "kind", "via", "key", "label", "size", "source",
-           "destination", "busy", "io", *PARTS[1:], "start", "stop")
-TEXT = ("kind", "via", "key", "label", "source", "destination")
+           "destination", "busy", "io", *PARTS[1:], "start", "stop", "straggler",
+           "slowdown", "bytes_ratio", "mark")
+TEXT = ("kind", "via", "key", "label", "source", "destination", "straggler")
+#: The colour of the mark over a straggler's bar, by its kind.
+STRAGGLER_COLORS = {"skew": "#d62728", "slow": "#ff7f0e"}
+#: The size of that mark, in pixels.
+MARK_SIZE = 12
 LINKS = ("x0", "y0", "x1", "y1", "kind", "via")
 
 
@@ -40,7 +47,9 @@ def timeline_columns(view: GraphView) -> tuple[list, dict, dict]:
         "right": stop,
         "wait_left": stop - steps["cost"].to_numpy(),
         **{c: text(steps[c]) for c in TEXT},
-        **{c: steps[c].to_numpy() for c in ("size", "busy", *PARTS, "start", "stop")},
+        **{c: steps[c].to_numpy() for c in ("size", "busy", *PARTS, "start", "stop",
+                                            "slowdown", "bytes_ratio")},
+        "mark": np.where(steps["straggler"].to_numpy(object) != "", MARK_SIZE, 0),
     }
     handoff = data["via"] != "data"
     links = {
@@ -78,11 +87,18 @@ class WCPTimeline(Component):
                           line_dash="dotted", line_color=color, source=self.source)
         self.root.segment(x0="x0", y0="y0", x1="x1", y1="y1", line_color=color,
                           line_width=2, source=self.links, name="crux-timeline-links")
+        self.root.scatter(x="right", y=dodge("destination", 0.45, range=lanes),
+                          marker="inverted_triangle", size="mark", source=self.source,
+                          color=factor_cmap("straggler", list(STRAGGLER_COLORS.values()),
+                                            list(STRAGGLER_COLORS)),
+                          name="crux-timeline-stragglers")
         self.root.add_tools(HoverTool(renderers=[self.bars], tooltips=[
             ("step", "@kind @label"), ("released by", "@via"), ("key", "@key"),
             ("size", "@size{0.0 b}"), ("from", "@source"), ("to", "@destination"),
             ("busy", "@busy{0.000} s"),
-            *((part, f"@{part}{{0.000}} s") for part in PARTS)]))
+            *((part, f"@{part}{{0.000}} s") for part in PARTS),
+            ("straggler", "@straggler @slowdown{0.0}x its group's median seconds, "
+                          "@bytes_ratio{0.0}x its bytes")]))
         self.root.legend.location = "top_left"
 
     @property

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from crux_dask.pag import PAG
     from crux_dask.wcp import CriticalPath
 
-__all__ = ["attach", "flush", "get_computations", "get_load", "get_pag", "get_stats",
-           "get_wcp"]
+__all__ = ["attach", "flush", "get_computations", "get_functions", "get_load", "get_pag",
+           "get_stats", "get_wcp"]
 
 
 def attach(client: Client, **worker_options: Any) -> Any:
@@ -170,6 +170,19 @@ async def _get_load(client: Client) -> Any:
     return load_frame(await client.run_on_scheduler(_load_on_scheduler))
 
 
+def get_functions(client: Client) -> Any:
+    """The function each task group runs, as the scheduler found it in the group's first
+    task: a DataFrame of :data:`~crux_dask.functions.FUNCTION_COLUMNS`, one row per task
+    group, oldest first (see :mod:`crux_dask.functions`)."""
+    return client.sync(_get_functions, client)
+
+
+async def _get_functions(client: Client) -> Any:
+    from crux_dask.functions import function_frame
+
+    return function_frame(await client.run_on_scheduler(_functions_on_scheduler))
+
+
 def export_parquet(client: Client, path: str | os.PathLike) -> Any:
     """Write the provenance recorded so far to the Parquet dataset at ``path``.
 
@@ -181,7 +194,7 @@ def export_parquet(client: Client, path: str | os.PathLike) -> Any:
 
 async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
     await _flush(client)
-    (end, stats, scopes, load), transitions, stores = await _fetch_staged(
+    (end, stats, scopes, load, functions), transitions, stores = await _fetch_staged(
         client, _stage_export_on_scheduler)
     transitions = transitions_frame([pickle.loads(chunk) for chunk in transitions])
     info = await client.scheduler.identity()
@@ -203,10 +216,11 @@ async def _export_parquet(client: Client, path: str | os.PathLike) -> Path:
 
     pag = PAG(stores, [*([None] * (len(stores) - 1)), end])
     loop = asyncio.get_running_loop()
+    from crux_dask.functions import function_frame
     from crux_dask.load import load_frame
 
     return await loop.run_in_executor(None, write_dataset, path, pag, metadata, transitions,
-                                      scopes, load_frame(load))
+                                      scopes, load_frame(load), function_frame(functions))
 
 
 # -- run on the cluster ---------------------------------------------------------
@@ -286,7 +300,8 @@ async def _stage_export_on_scheduler(dask_scheduler: Any) -> tuple[str, int]:
     transitions = await plugin.transition_chunks()
     spooled = await plugin.spooled_pieces()
     stats, scopes, load = plugin.stats(), plugin.scopes(), plugin.load.log.columns()
-    return await _stage(plugin, spooled, lambda end: ((end, stats, scopes, load),
+    functions = plugin.functions.log.columns()
+    return await _stage(plugin, spooled, lambda end: ((end, stats, scopes, load, functions),
                                                       transitions))
 
 
@@ -323,6 +338,10 @@ async def _staged_piece(dask_scheduler: Any, token: str, index: int) -> bytes:
 
 def _load_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:
     return _plugin(dask_scheduler).load.log.columns()
+
+
+def _functions_on_scheduler(dask_scheduler: Any) -> dict[str, list]:
+    return _plugin(dask_scheduler).functions.log.columns()
 
 
 def _stats_on_scheduler(dask_scheduler: Any) -> dict[str, Any]:

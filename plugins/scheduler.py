@@ -27,6 +27,7 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.plugins import config
 from crux_dask.plugins.entries import Done, Lost, Sent, Whole
+from crux_dask.plugins.functions import FunctionRecorder
 from crux_dask.plugins.graph_process import GraphProcess
 from crux_dask.plugins.host import GraphHost, LocalHost, Progress
 from crux_dask.plugins.load import LoadSampler
@@ -87,12 +88,14 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         Root state of each task submitted that has not run yet.
     erred : dict of str to dict
         Worker, time and exception of each task that failed.
+    functions : ~crux_dask.plugins.functions.FunctionRecorder
+        The function each task group received runs (once started).
 
     Notes
     -----
     The dashboard uses only :meth:`progress`, :meth:`analyse`, :meth:`stats`,
     :meth:`add_external`, :meth:`count_http_write`, :meth:`spooled_runs`,
-    :meth:`read_spooled`, :meth:`scopes` and :attr:`settings`.
+    :meth:`read_spooled`, :meth:`scopes`, :attr:`settings` and :attr:`functions`.
     """
 
     name = PLUGIN_NAME
@@ -139,7 +142,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers[EVENTS_HANDLER] = self.host.receive
         scheduler.handlers[FILES_HANDLER] = self.host.receive_files
         self.extensions = install_extensions(scheduler, self)
-        self.load = LoadSampler(scheduler)
+        self.load, self.functions = LoadSampler(scheduler), FunctionRecorder(scheduler)
         self._callbacks = {
             "crux-apply": PeriodicCallback(self.host.tick, settings.apply_interval * 1000),
             "crux-load": self.load.callback}
@@ -166,6 +169,7 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             roots = self.graph_roots
             for key in tasks or ():
                 roots[key] = root
+            self.functions.record(tasks or ())  # never raises
         except Exception as error:
             self.host.failed("update_graph", error)
 
@@ -361,17 +365,15 @@ class CruxSchedulerPlugin(SchedulerPlugin):
             "events_parked_total": progress.n_parked_total,
             "inputs_substituted": progress.n_fallbacks,
             "states_lost": progress.n_lost + self.spool.n_lost,
-            "states": progress.n_states,
-            "states_spooled": self.spool.n_states,
-            "segments_spooled": len(self.spool.run_ids),
-            "spool_dir": self.spool.directory,
+            "states": progress.n_states, "states_spooled": self.spool.n_states,
+            "segments_spooled": len(self.spool.run_ids), "spool_dir": self.spool.directory,
             "mutations": progress.n_mutations,
             "memory_bytes": progress.nbytes,
             "erred_tasks": len(self.erred),
             "transitions_recorded": len(self.transitions),
             "transitions_dropped": self.transitions_dropped(),
-            "load_samples": len(self.load.log),
-            "load_dropped": self.load.log.dropped,
+            "load_samples": len(self.load.log), "load_dropped": self.load.log.dropped,
+            **self.functions.counts,
             "run_id": progress.run_id,
             "attached_at": self.attached_at,
             "tasks_at_attach": self.tasks_at_attach,

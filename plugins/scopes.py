@@ -12,10 +12,9 @@ import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from distributed.utils import key_split_group
-
+from crux_dask.groups import key_groups
 from crux_dask.plugins.staging import Pieces
-from crux_dask.scopes import Scope, key_groups, scope_path, scopes_frame
+from crux_dask.scopes import Scope, scope_path, scopes_frame
 from crux_dask.wcp import critical_path
 
 if TYPE_CHECKING:
@@ -25,12 +24,8 @@ if TYPE_CHECKING:
     from crux_dask.path import CriticalPath
     from crux_dask.store import PAGStore
 
-__all__ = ["computations", "group_of", "path_of_graph", "path_of_scope", "scopes_table",
+__all__ = ["computations", "path_of_graph", "path_of_scope", "scopes_table",
            "spans"]
-
-#: A key's task group, as the scheduler names it.
-group_of = key_split_group
-
 
 def computations(scheduler: Scheduler) -> list[Scope]:
     """The computations the scheduler remembers, oldest first.
@@ -104,9 +99,9 @@ def path_of_graph(store: PAGStore, end: int, start: int | None, stop: int | None
 
 def path_of_scope(store: PAGStore, end: int, scope: Scope, method: str) -> CriticalPath:
     """The critical path of one computation or span."""
-    return scope_path(store, scope, key_groups(store, group_of), method)
+    return scope_path(store, scope, key_groups(store), method)
 
 
 def scopes_table(store: PAGStore, end: int, scopes: list[Scope]) -> pd.DataFrame:
     """One row per computation and span, with its path's length and top categories."""
-    return scopes_frame(store, scopes, key_groups(store, group_of))
+    return scopes_frame(store, scopes, key_groups(store))

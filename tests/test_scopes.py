@@ -8,11 +8,11 @@ import dask
 import distributed
 import pytest
 from distributed import Client, LocalCluster
-from distributed.utils import key_split_group
 
 import crux_dask
 from crux_dask import PAGBuilder
-from crux_dask.scopes import Scope, key_groups, members, scope_path, scopes_frame
+from crux_dask.groups import key_groups
+from crux_dask.scopes import Scope, members, scope_path, scopes_frame
 
 
 def warm(i: int) -> int:
@@ -134,7 +134,7 @@ def test_states_are_matched_by_group_and_by_time():
         b.compute(f"('x-abc', {run})", "tcp://w:1", 1, offset + 1, offset + 2, 8, (), root)
         b.compute("y-def", "tcp://w:1", 1, offset + 2, offset + 3, 8, (f"('x-abc', {run})",))
     store = b.store
-    groups = key_groups(store, key_split_group)
+    groups = key_groups(store)
     first = Scope("computation", "1", "first", 0.5, 3.0, frozenset({"x-abc", "y-def"}))
     second = Scope("computation", "2", "second", 10.5, 13.0, frozenset({"x-abc", "y-def"}))
     assert store.column("state_time", members(store, first, groups)).tolist() == [2.0, 3.0]
@@ -181,7 +181,7 @@ def test_computations_and_spans_are_exported_and_reported_offline(stages, tmp_pa
     scopes = read_scopes(tmp_path / "run", pag.run_ids[-1])
     live = crux_dask.get_computations(stages)
     assert [(s.kind, s.name) for s in scopes] == list(zip(live["kind"], live["name"]))
-    offline = scopes_frame(pag.store(), scopes, key_groups(pag.store(), key_split_group))
+    offline = scopes_frame(pag.store(), scopes, key_groups(pag.store()))
     assert offline["tasks"].tolist() == live["tasks"].tolist()
     assert offline["path_length"].to_numpy() == pytest.approx(live["path_length"].to_numpy())
 
@@ -214,7 +214,7 @@ def test_the_groups_of_a_copys_keys_are_found_once_on_the_store_it_copies():
     """A page's copy of a growing graph finds no key's group again: it reads them from
     the store it is a copy of, which grew since."""
     from crux_dask.graph.builder import PAGBuilder
-    from crux_dask.scopes import KeyGroups
+    from crux_dask.groups import KeyGroups
 
     asked: list[str] = []
     groups = KeyGroups(lambda key: asked.append(key) or key.split("-")[0])

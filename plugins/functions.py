@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import tlz.functoolz
 import toolz.functoolz
-from dask._task_spec import GraphNode, Task, TaskRef
+from dask.task_spec import GraphNode, Task, TaskRef
 
 from crux_dask.functions import (
     NO_FUNCTION,

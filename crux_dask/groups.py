@@ -46,6 +46,7 @@ __all__ = [
     "group_name",
     "group_stats",
     "key_groups",
+    "no_groups",
     "straggler_kinds",
     "tasks",
 ]
@@ -274,6 +275,8 @@ def group_stats(store: PAGStore, floor: float = FLOOR) -> pd.DataFrame:
     import pandas as pd
 
     found = tasks(store)
+    if not len(found.state):  # a segment of releases and copies only
+        return no_groups()
     frame = pd.DataFrame({"group": found.group, "seconds": found.seconds,
                           "output": found.output, "input": found.input})
     by = frame.groupby("group")
@@ -291,6 +294,13 @@ def group_stats(store: PAGStore, floor: float = FLOOR) -> pd.DataFrame:
                        kind="stable")
     order = order[found.size[order] > 0]
     return table.iloc[order].reset_index(drop=True).astype(GROUP_COLUMNS)
+
+
+def no_groups() -> pd.DataFrame:
+    """The table of :func:`group_stats` of a run without tasks."""
+    import pandas as pd
+
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in GROUP_COLUMNS.items()})
 
 
 def flag_steps(store: PAGStore, steps: pd.DataFrame, floor: float = FLOOR) -> pd.DataFrame:

@@ -291,12 +291,12 @@ def read_groups(path: str | os.PathLike, run_id: str | None = None) -> pd.DataFr
     """The statistics of every task group of one run (the latest by default), as
     :func:`crux_dask.groups.group_stats` gives them: empty for a dataset written without
     them."""
-    from crux_dask.groups import GROUP_COLUMNS
+    from crux_dask.groups import GROUP_COLUMNS, no_groups
 
     root = Path(path)
     run_id = list(_read_metadata(root)["runs"])[-1] if run_id is None else run_id
     if not _table_file(root, "groups", run_id).is_file():
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in GROUP_COLUMNS.items()})
+        return no_groups()
     return to_pandas(_arrow_table(root, "groups", run_id)).astype(GROUP_COLUMNS)
 
 

@@ -3,8 +3,7 @@
 A node is a task group (every state of a key counts for its key's group:
 computed, moved, spilled or released), sized by its data volume; an edge
 counts the mutations from one group to another, and a group sits one layer to
-the right of the deepest group it takes data from (a layer too tall for the map
-in columns side by side, see :mod:`~.map_layout`).  Groups the path goes
+the right of the deepest group it takes data from.  Groups the path goes
 through are coloured by where the path's time in them went (its busy
 categories, then its gaps: client, the stages, queued, wait) and joined by the
 path's own edges; the others are grey.
@@ -27,15 +26,7 @@ from typing import Any
 
 import numpy as np
 from bokeh.layouts import column
-from bokeh.models import (
-    ColumnDataSource,
-    DataRange1d,
-    DataTable,
-    FixedTicker,
-    HoverTool,
-    Legend,
-    NoOverlap,
-)
+from bokeh.models import ColumnDataSource, DataTable, HoverTool
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
 from distributed.utils import log_errors
@@ -44,21 +35,14 @@ from crux_dask.dashboard.callbacks import on_change
 from crux_dask.dashboard.component import Component
 from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
-from crux_dask.dashboard.map_layout import (
-    MAP_HEIGHT,
-    ROW_PADDING,
-    label_offset,
-    layer_ticks,
-    positions,
-)
 from crux_dask.dashboard.off_loop import kept
 from crux_dask.graph.rules import key_label
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
 DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
-NODE_COLUMNS = ("x", "y", "layer", "group", "label", "name", "label_offset", "count", "bytes",
-                "radius", "color", "dominant", "on_path")
+NODE_COLUMNS = ("x", "y", "group", "label", "name", "count", "bytes", "radius", "color",
+                "dominant", "on_path")
 #: A colour per category of the path's time; groups off the path are grey.
 CATEGORY_COLORS = dict(zip(CATEGORIES, Category20[len(CATEGORIES)]))
 OFF_PATH = "#c7c7c7"
@@ -182,11 +166,9 @@ class GroupFold:
         on_path, sequence = self._path_through_groups(store, path)
         by_size = sorted(self._count, key=self._count.__getitem__, reverse=True)
         shown = list(dict.fromkeys([*sequence, *by_size]))[: self.max_groups]
-        layer = self.layers()
-        x, y = self._positions(shown, layer)
+        x, y = self._positions(shown)
         visible = set(shown)
-        return (self._node_columns(shown, layer, x, y, on_path),
-                self._edge_columns(visible, x, y),
+        return (self._node_columns(shown, x, y, on_path), self._edge_columns(visible, x, y),
                 _path_edge_columns(sequence, visible, x, y))
 
     def _path_through_groups(self, store: PAGStore, path: CriticalPath
@@ -220,25 +202,28 @@ class GroupFold:
         chain = np.concatenate([first, groups])
         return on_path, chain[np.r_[True, chain[1:] != chain[:-1]]].tolist()
 
-    def _positions(self, shown: list[int], layer: dict[int, int]
-                   ) -> tuple[dict[int, float], dict[int, float]]:
+    def _positions(self, shown: list[int]) -> tuple[dict[int, float], dict[int, float]]:
         """Where each group shown is: its layer across, and down the layer the groups
-        in the order they first appeared, centred on zero; a layer too tall for the
-        map in columns side by side (:func:`~.map_layout.positions`)."""
-        return positions(sorted(shown, key=lambda g: self._first.get(g, 0.0)), layer)
+        in the order they first appeared, centred on zero."""
+        layer = self.layers()
+        rows: dict[int, list[int]] = defaultdict(list)
+        for g in sorted(shown, key=lambda g: self._first.get(g, 0.0)):
+            rows[layer[g]].append(g)
+        x, y = {}, {}
+        for depth, members in rows.items():
+            for i, g in enumerate(members):
+                x[g], y[g] = depth, i - (len(members) - 1) / 2
+        return x, y
 
-    def _node_columns(self, shown: list[int], layer: dict[int, int], x: dict[int, float],
-                      y: dict[int, float], on_path: dict[int, dict[str, float]]
-                      ) -> dict[str, list]:
+    def _node_columns(self, shown: list[int], x: dict[int, float], y: dict[int, float],
+                      on_path: dict[int, dict[str, float]]) -> dict[str, list]:
         """Columns of the nodes: one per group shown, coloured by where the path's time
         in it mostly went (grey off the path)."""
         dominant = {g: max(seconds, key=seconds.__getitem__) for g, seconds in on_path.items()}
         return {
-            "x": [x[g] for g in shown], "y": [y[g] for g in shown],
-            "layer": [layer[g] for g in shown], "group": shown,
+            "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
             "label": [self._names[g] for g in shown],
             "name": [key_label(self._names[g])[:20] for g in shown],
-            "label_offset": [label_offset(x[g]) for g in shown],
             "count": [self._count[g] for g in shown],
             "bytes": [self._bytes[g] for g in shown],
             "radius": [8 + 3 * math.log10(max(self._bytes[g], 1)) for g in shown],
@@ -304,16 +289,9 @@ class PAGOverview(Component):
         self.figure = figure(title="Task groups in layers, the critical path over them "
                              "(click a group for its states)",
                              x_axis_label="layer (data flows left to right)",
-                             name="crux-overview", height=MAP_HEIGHT,
-                             y_range=DataRange1d(range_padding=ROW_PADDING,
-                                                 range_padding_units="absolute"),
+                             name="crux-overview", height=360,
                              tools="pan,wheel_zoom,tap,reset", **kwargs)
-        self.layer_ticker = FixedTicker(ticks=[])
-        self.figure.xaxis.ticker = self.layer_ticker
-        self.figure.xgrid.ticker = self.layer_ticker
-        self.figure.xaxis.major_label_policy = NoOverlap()
         self.figure.yaxis.visible = False
-        self.figure.add_layout(Legend(label_text_font_size="8pt"), "right")
         self.figure.ygrid.visible = False
         self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
                             line_color="#888888")
@@ -323,12 +301,12 @@ class PAGOverview(Component):
                                     source=self.source, fill_alpha=0.85, line_color="#333333",
                                     legend_field="dominant", name="crux-overview-nodes")
         self.figure.text("x", "y", text="name", source=self.source, text_font_size="8pt",
-                         text_align="center", text_baseline="middle", y_offset="label_offset",
-                         text_color="#444444")
+                         text_align="center", y_offset=-12, text_color="#444444")
+        self.figure.legend.location = "top_left"
+        self.figure.legend.label_text_font_size = "8pt"
         self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
-            ("group", "@label"), ("layer", "@layer"), ("states", "@count"),
-            ("bytes", "@bytes{0.0 b}"), ("on the path", "@on_path{0.000} s"),
-            ("mostly", "@dominant")]))
+            ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
+            ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
         self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
         self.table = DataTable(source=self.details, height=200, index_position=None,
                                name="crux-overview-states",
@@ -346,10 +324,6 @@ class PAGOverview(Component):
         self.source.data = nodes
         self.edges.data = edges
         self.path_edges.data = path_edges
-        ticks = layer_ticks(nodes["layer"], nodes["x"])
-        if self.layer_ticker.ticks != list(ticks):
-            self.layer_ticker.ticks = list(ticks)
-            self.figure.xaxis.major_label_overrides = ticks
 
     @log_errors
     def _drill_down(self, attr: str, old: list, new: list) -> None:

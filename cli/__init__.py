@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from crux_dask.pag import PAG
+    from crux_dask.scaling import Scaling
 
 
 @click.group(name="crux", help="Workflow critical paths of Dask workflows.")
@@ -72,13 +73,15 @@ def demo(workers: int, slow: float, report_file: str, serve: bool) -> None:
         result = dask.compute(etl_workflow(slow))[0]
         elapsed = time.time() - started
         pag, load = crux_dask.get_pag(client), crux_dask.get_load(client)
+        functions = crux_dask.get_functions(client)
         path = pag.wcp()
         click.echo(f"Workflow result: {result:,.1f} in {elapsed:.2f} s "
                    f"({len(pag):,} data states, {len(pag.mutations):,} mutations)\n")
         click.echo(format_path(path))
+        click.echo(f"\n{format_prefixes(path, functions)}")
         click.echo(f"\n{format_suggestions(pag, pag.run_ids[-1], load)}")
         with open(report_file, "w") as f:
-            f.write(report_html(pag, load=load))
+            f.write(report_html(pag, load=load, functions=functions))
         click.echo(f"\nReport: {report_file}")
         if serve:
             click.echo(f"Dashboard: {client.dashboard_link.replace('/status', '/crux')} "
@@ -195,7 +198,7 @@ def _load(path: str, run: str | None = None):
 def report(path: str, run_id: str | None, computation: int | None, span: str | None,
            html_file: str | None) -> None:
     from crux_dask.groups import key_groups
-    from crux_dask.provenance import read_load, read_scopes
+    from crux_dask.provenance import read_functions, read_load, read_scopes
     from crux_dask.scopes import scope_path, scopes_frame, select
 
     pag = _load(path, run_id)
@@ -215,7 +218,7 @@ def report(path: str, run_id: str | None, computation: int | None, span: str | N
         click.echo(f"The {scope.kind} {scope.name!r}:")
         path_ = scope_path(store, scope, groups)
     click.echo(format_path(path_))
-    click.echo(f"\n{format_prefixes(path_)}")
+    click.echo(f"\n{format_prefixes(path_, read_functions(path, run_id))}")
     if scopes and computation is None and span is None:
         table = scopes_frame(store, scopes, groups)
         click.echo("\nComputations and spans (see --computation and --span):")
@@ -258,11 +261,18 @@ def recover(spool_dir: str, path: str) -> None:
         sys.exit(2)
 
 
-def format_prefixes(path: CriticalPath, top: int = 10) -> str:
-    """Where the path spends its time, by task prefix, as a text table (the first ``top``)."""
+def format_prefixes(path: CriticalPath, functions: pd.DataFrame | None = None,
+                    top: int = 10) -> str:
+    """Where the path spends its time, by task prefix, as a text table (the first ``top``),
+    with the code behind each prefix where the run's ``functions`` table says."""
+    from crux_dask.functions import FunctionLog
+
     table = path.by_prefix()
     if table.empty:
         return "No step on the path."
+    if functions is not None and len(functions):
+        log = FunctionLog.of(functions)
+        table = table.assign(code=table["prefix"].map(log.prefix_label))
     shown = table.head(top).assign(share=lambda t: (t["share"] * 100).map("{:.1f} %".format))
     more = f"\n... and {len(table) - top} more prefixes" if len(table) > top else ""
     return ("Where the path spends its time, by prefix:\n"
@@ -272,6 +282,8 @@ def format_prefixes(path: CriticalPath, top: int = 10) -> str:
 def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) -> str:
     """What to fix in a run as text: the advice, with the figures behind each, then the
     what-if changes; a run that cannot be replayed says why."""
+    from crux_dask.advice import SCALING_SHAPES
+
     try:
         table = pag.suggest(run_id=run_id, load=load)
     except ValueError as error:
@@ -280,15 +292,27 @@ def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) 
     said = "".join(f"* {row.change} ({row.path_share:.0%} of the path): {row.why}\n"
                    for row in advice.itertuples())
     table = table[table["kind"] == "what-if"]
-    table = table.assign(saved_share=(100 * table["saved_share"]).round(1))
+    table = table.assign(saved_share=(100 * table["saved_share"]).round(1),
+                         range=[f"{low:.3f}-{high:.3f}" if high == high else ""
+                                for low, high in zip(table["low"], table["high"])])
+    columns = ["change", "predicted", *(["range"] * bool(table["high"].notna().any())), "saved",
+               "saved_share", "path_then"]
     return ((f"Advice, from the path's stages and the load they ran under:\n{said}\n"
              if said else "")
             + "What if (predicted by replaying the run; most seconds saved first):\n"
-            + table[["change", "predicted", "saved", "saved_share", "path_then"]]
-            .rename(columns={"saved_share": "saved %"})
+            + table[columns].rename(columns={"saved_share": "saved %"})
             .to_string(index=False, float_format=lambda v: f"{v:.3f}")
             + f"\n(an unchanged replay predicts the recorded run "
-              f"{table['replay_error'].iloc[0]:+.1%} off)")
+              f"{table['replay_error'].iloc[0]:+.1%} off)\n\n"
+            + format_scaling(pag.scaling(*SCALING_SHAPES, load=load, run_id=run_id)))
+
+
+def format_scaling(scaling: Scaling) -> str:
+    """How many workers are enough, as text: the shapes' predictions and the one named."""
+    table = scaling.table.assign(enough=scaling.table["enough"].map({True: "<-", False: ""}))
+    return ("How many workers are enough (the run replayed on each shape):\n"
+            + table.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + f"\n{scaling.summary()}")
 
 
 @main.command(help="Predict a changed run of an exported dataset by replaying it.")
@@ -304,10 +328,18 @@ def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) 
 @click.option("--no-spill", is_flag=True, help="Remove the time spent spilling.")
 @click.option("--stragglers-at-median", is_flag=True,
               help="Each straggler computes for its task group's median seconds.")
+@click.option("--scaling", "shapes", is_flag=True,
+              help="Predict the run on 1-8 workers x 1, 2, 4 threads instead.")
 def whatif(path: str, run_id: str | None, workers: int | None, threads: int | None,
            speedup: tuple[str, ...], transfer_speedup: float | None, no_spill: bool,
-           stragglers_at_median: bool) -> None:
+           stragglers_at_median: bool, shapes: bool) -> None:
+    from crux_dask.provenance import read_load
+
     pag = _load(path, run_id)
+    load = read_load(path, run_id)
+    if shapes:
+        click.echo(format_scaling(pag.scaling(load=load, run_id=run_id)))
+        return
     try:
         factors = {}
         for item in speedup:
@@ -317,7 +349,7 @@ def whatif(path: str, run_id: str | None, workers: int | None, threads: int | No
             factors[prefix] = float(factor)
         result = pag.what_if(workers=workers, threads=threads, speedup=factors or None,
                              transfer_speedup=transfer_speedup, spill=not no_spill,
-                             run_id=run_id,
+                             run_id=run_id, load=load,
                              stragglers="median" if stragglers_at_median else None)
     except ValueError as error:
         click.echo(f"error: {error}", err=True)

@@ -19,15 +19,17 @@ load they ran under (:func:`~crux_dask.load.stage_loads`):
 * **a slow task**: the path goes through stragglers with their group's bytes:
   look at the worker or the file behind them.
 
-The what-if replay does not model cores, the GIL or the scheduler's own cost,
-so none of the load's advice carries a prediction; the stragglers' does, as
-the what-if of :func:`crux_dask.whatif.suggest` that replays them at their
-group's median.
+The advice carries no prediction of its own: the what-if changes listed
+after it (:func:`crux_dask.whatif.suggest`: more workers, more threads, the
+stragglers at their group's median) carry the replay's, which shares cores
+and the GIL (:mod:`crux_dask.sharing`) but not the scheduler's own cost.
+:func:`fixes` adds how many workers are enough (:mod:`crux_dask.scaling`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,16 +40,22 @@ from crux_dask.path import STAGES
 if TYPE_CHECKING:
     import pandas as pd
 
+    from crux_dask.machine import Machine
     from crux_dask.path import CriticalPath
+    from crux_dask.replay import Run
+    from crux_dask.scaling import Scaling
     from crux_dask.store import PAGStore
 
-__all__ = ["ADVICE_COLUMNS", "SUGGESTION_COLUMNS", "advise", "what_to_fix"]
+__all__ = ["ADVICE_COLUMNS", "SCALING_SHAPES", "SUGGESTION_COLUMNS", "advise", "fixes",
+           "fixes_apart", "what_to_fix"]
 
 #: The columns of :func:`advise`'s table.
 ADVICE_COLUMNS = ("advice", "why", "share")
 #: The columns of :func:`what_to_fix`'s table.
-SUGGESTION_COLUMNS = ("kind", "change", "why", "path_share", "predicted", "saved",
-                      "saved_share", "replay_error", "path_then")
+SUGGESTION_COLUMNS = ("kind", "change", "why", "path_share", "predicted", "low", "high",
+                      "saved", "saved_share", "replay_error", "path_then")
+#: The cluster shapes :func:`fixes` (and the report) predict: these workers × threads.
+SCALING_SHAPES = ((1, 2, 4, 8), (1, 2))
 #: The least share of a path a rule's stages must hold for it to advise.
 LEAST_SHARE = 0.1
 #: GIL contention past which a worker's threads are said to wait for it.
@@ -91,12 +99,14 @@ def advise(path: CriticalPath, load: pd.DataFrame) -> pd.DataFrame:
 
 
 def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
-                load: pd.DataFrame | dict | None) -> pd.DataFrame:
+                load: pd.DataFrame | dict | None, run: Run | None = None,
+                machine: Machine | None = None) -> pd.DataFrame:
     """The advice of :func:`advise`, then the what-if changes of
     :func:`crux_dask.whatif.suggest`: the table of :meth:`crux_dask.PAG.suggest`.
 
     ``load`` is a load table, or its columns as the scheduler keeps them
-    (:meth:`~crux_dask.load.LoadLog.columns`), or None.
+    (:meth:`~crux_dask.load.LoadLog.columns`), or None; ``run`` and ``machine``
+    are passed on to :func:`~crux_dask.whatif.suggest`.
 
     Raises
     ------
@@ -108,11 +118,58 @@ def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
     from crux_dask.load import load_frame
     from crux_dask.whatif import suggest
 
-    advice = advise(path, load_frame(load)).rename(
-        columns={"advice": "change", "share": "path_share"})
-    replayed = suggest(store, end, path)
-    return pd.concat([advice.assign(kind="advice"), replayed.assign(kind="what-if")],
+    load = load_frame(load)
+    advice = advise(path, load).rename(columns={"advice": "change", "share": "path_share"})
+    changes = suggest(store, end, path, load, run, machine)
+    return pd.concat([advice.assign(kind="advice"), changes.assign(kind="what-if")],
                      ignore_index=True)[list(SUGGESTION_COLUMNS)]
+
+
+def fixes(store: PAGStore, end: int, load: pd.DataFrame | dict | None
+          ) -> tuple[pd.DataFrame, Scaling]:
+    """What to fix on the observed path to ``end`` (:func:`what_to_fix`), and how many
+    workers are enough (:func:`~crux_dask.scaling.scaling` on
+    :data:`SCALING_SHAPES`): what the dashboard's "What to fix" shows.
+
+    Raises
+    ------
+    ValueError
+        If the run has no tasks or timing to replay.
+    """
+    from crux_dask.load import load_frame
+    from crux_dask.machine import machine_of
+    from crux_dask.recording import extract
+    from crux_dask.scaling import scaling
+    from crux_dask.wcp import critical_path
+
+    load = load_frame(load)
+    run = extract(store, end)  # read once, and its unchanged replay played once for both
+    machine = machine_of(run, load)
+    table = what_to_fix(store, end, critical_path(store, default_end=end), load, run=run,
+                        machine=machine)
+    return table, scaling(store, end, *SCALING_SHAPES, load, run=run, machine=machine)
+
+
+def fixes_apart(pieces: Any, end: int, niceness: int, answer: Any,
+                load: dict | None = None) -> None:
+    """:func:`fixes` for the store :meth:`~crux_dask.store.PAGStore.to_pieces` cut, with
+    the ``load`` columns, sent on the connection ``answer`` as ``(fixes, None)``, or
+    ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
+    ``pieces``, one per message, until an empty one.
+
+    What a process of its own runs, ``niceness`` less favoured than its
+    parent, for a server whose event loop must not wait for it: a replay
+    allocates millions of small objects, and a thread would hold the
+    interpreter for every garbage collection they cause.
+    """
+    from crux_dask.store import PAGStore
+
+    os.nice(niceness)
+    store = PAGStore.from_pieces(list(iter(pieces.recv_bytes, b"")))
+    try:
+        answer.send((fixes(store, end, load), None))
+    except ValueError as error:  # a run without tasks or timing
+        answer.send((None, error))
 
 
 def _larger_tasks(path: CriticalPath, steps: pd.DataFrame, busy: pd.DataFrame

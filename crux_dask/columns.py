@@ -44,7 +44,8 @@ COLUMNS: dict[str, str | None] = {
     "stop": "<f8", "nbytes": "<i8", "thread": "<i8", "root": "<i8", "label": "<i4",
     "group": "<i4", "origin": "<i4", "input_count": "<i4", "inputs": "<i4",
     "requested": "<f8", "received": "<f8", "runnable": "<f8", "priority": None,
-    "released_by": None, "released_on": None, "announced": None,
+    "released_by": None, "released_on": None, "announced": None, "cpu": None,
+    "cpu_wait": None,
 }
 #: The columns that hold indices into a batch's string table (``-1``: none).
 STRING_COLUMNS = ("key", "location", "source", "label", "group", "origin", "inputs",
@@ -94,6 +95,10 @@ class EventColumns:
     announced : ndarray of float64
         When the scheduler learnt that a computation finished; NaN where not
         recorded (never on the wire: the scheduler records it).
+    cpu, cpu_wait : ndarray of float64
+        The CPU seconds a computation's thread spent on it, and waited for a
+        core; NaN where not recorded (never on the wire: they come with the
+        task's report).
     released_by, released_on : ndarray
         Of a task the scheduler queued, the task whose completion freed its
         slot and that task's worker; ``-1`` for none.
@@ -121,6 +126,8 @@ class EventColumns:
     runnable: np.ndarray
     priority: np.ndarray
     announced: np.ndarray
+    cpu: np.ndarray
+    cpu_wait: np.ndarray
     released_by: np.ndarray
     released_on: np.ndarray
     others: dict[int, Any] = field(default_factory=dict)
@@ -177,7 +184,8 @@ class EventColumns:
                        stop, nbytes, inputs, int(self.root[i]), label, group, None, None,
                        origin, None, requested, _moment(self.received[i]),
                        _moment(self.runnable[i]), released_by, released_on,
-                       _moment(self.priority[i]), None, None, _moment(self.announced[i]))
+                       _moment(self.priority[i]), None, None, _moment(self.announced[i]),
+                       _moment(self.cpu[i]), _moment(self.cpu_wait[i]))
 
     def events(self) -> list[Event]:
         """Every event, as tuples."""

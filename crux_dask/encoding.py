@@ -33,8 +33,9 @@ NONE = -1
 #: where not recorded.
 EVENT_MOMENTS = ("requested", "received", "runnable")
 #: The columns that are NaN where not recorded: the moments, a task's priority and
-#: when the scheduler learnt it finished.
-NOT_RECORDED = (*EVENT_MOMENTS, "priority", "announced")
+#: when the scheduler learnt it finished, and its CPU seconds and
+#: wait for a core.
+NOT_RECORDED = (*EVENT_MOMENTS, "priority", "announced", "cpu", "cpu_wait")
 
 
 def encode(events: list) -> dict[str, Any]:
@@ -152,13 +153,15 @@ def _numeric_columns(rows: _Rows) -> dict[str, np.ndarray]:
     received[ci] = rows.optional_numbers(ci, _C["received"])
     runnable[ci] = rows.optional_numbers(ci, _C["runnable"])
     requested[ti] = rows.optional_numbers(ti, _T["requested"])
-    priority, announced = np.full((2, n), np.nan)
+    priority, announced, cpu, cpu_wait = np.full((4, n), np.nan)
     priority[ci] = rows.optional_numbers(ci, _C["priority"])
     announced[ci] = rows.optional_numbers(ci, _C["announced"])
+    cpu[ci] = rows.optional_numbers(ci, _C["cpu"])
+    cpu_wait[ci] = rows.optional_numbers(ci, _C["cpu_wait"])
     start[di] = stop[di] = rows.numbers(di, _D["time"], float)
     return dict(start=start, stop=stop, nbytes=nbytes, thread=thread, root=root,
                 requested=requested, received=received, runnable=runnable, priority=priority,
-                announced=announced)
+                announced=announced, cpu=cpu, cpu_wait=cpu_wait)
 
 
 def _mark_annotated(rows: _Rows) -> None:

@@ -48,7 +48,9 @@ class Compute(NamedTuple):
     the seconds of its run it spent on files (off the CPU after it opened its
     first file), where measured, and ``first_requested``, for a task the
     scheduler took back from a worker and sent again (rescheduled), when it
-    first sent it; ``announced``, when the scheduler learnt that it finished.
+    first sent it; ``announced``, when the scheduler learnt that it finished; ``cpu``,
+    the CPU seconds its thread spent on it, and ``cpu_wait``, the seconds it waited
+    for a core (the rest of its run it waited for the GIL, a file or the network).
     """
 
     kind: str
@@ -75,6 +77,8 @@ class Compute(NamedTuple):
     io: float | None = None
     first_requested: float | None = None
     announced: float | None = None
+    cpu: float | None = None
+    cpu_wait: float | None = None
 
 
 class Transfer(NamedTuple):
@@ -167,7 +171,7 @@ EVENT_KINDS: dict[str, tuple[str, ...]] = {
 #: Each kind's fewest fields after the kind: a plain tuple may leave out the
 #: trailing fields that have defaults (the moments, a priority, a transfer's size).
 REQUIRED: dict[str, int] = {
-    "root": 1, "compute": len(Compute._fields) - 10, "transfer": 5, "delete": 3, "file": 6,
+    "root": 1, "compute": len(Compute._fields) - 12, "transfer": 5, "delete": 3, "file": 6,
     "shard": 6}
 
 

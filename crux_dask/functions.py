@@ -199,6 +199,16 @@ class FunctionLog:
         """The label of a task prefix's code; ``""`` if not known."""
         return self._prefixes.get(prefix, (False, ""))[1]
 
+    @classmethod
+    def of(cls, functions: pd.DataFrame | dict[str, list] | None) -> FunctionLog:
+        """The log of a function table (:func:`function_frame` reads it): of a run read
+        back, as :func:`crux_dask.read_functions` gives it."""
+        log = cls()
+        table = function_frame(functions)
+        for row in zip(*(table[name].tolist() for name in FUNCTION_COLUMNS)):
+            log.add(row[0], row[1], Function(*row[2:]))
+        return log
+
     def columns(self) -> dict[str, list]:
         """The rows as lists, oldest first: what :func:`function_frame` reads."""
         return {name: list(values) for name, values in self._columns.items()}

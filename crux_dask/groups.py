@@ -71,7 +71,12 @@ GROUP_COLUMNS: dict[str, str] = {
 }
 
 _HEX = re.compile(r"[a-f0-9]{32}")
-_NOT_INPUTS = (int(MutationKind.TRANSFER), int(MutationKind.DELETE))
+#: Whether the source of a mutation of each kind (by its code) is an input of its
+#: destination: not that of a transfer (a copy) nor of a delete.
+_IS_INPUT = np.ones(max(int(kind) for kind in MutationKind) + 1, bool)
+_IS_INPUT[[int(MutationKind.TRANSFER), int(MutationKind.DELETE)]] = False
+#: Every task, as an index.
+ALL = slice(None)
 
 
 def group_name(key: str) -> str:
@@ -191,25 +196,28 @@ class Tasks:
         task_of[self.state] = np.arange(len(self.state))
         return task_of[states]
 
-    def slowdown(self) -> np.ndarray:
-        """Each task's seconds over its group's median (NaN in a group too small to say)."""
-        median = self.median_seconds[self.group]
+    def slowdown(self, at: np.ndarray | slice = ALL) -> np.ndarray:
+        """Each task's seconds over its group's median (NaN in a group too small to say),
+        of the tasks ``at`` (all by default)."""
+        group = self.group[at]
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = self.seconds / median
-        return np.where(self.size[self.group] >= LEAST_TASKS, ratio, np.nan)
+            ratio = self.seconds[at] / self.median_seconds[group]
+        return np.where(self.size[group] >= LEAST_TASKS, ratio, np.nan)
 
-    def bytes_ratio(self) -> np.ndarray:
-        """The larger of each task's input and output bytes over its group's medians."""
+    def bytes_ratio(self, at: np.ndarray | slice = ALL) -> np.ndarray:
+        """The larger of each task's input and output bytes over its group's medians, of
+        the tasks ``at``."""
+        group = self.group[at]
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = [np.where(median > 0, values / median, np.nan)
-                      for values, median in ((self.output, self.median_output[self.group]),
-                                             (self.input, self.median_input[self.group]))]
+                      for values, median in ((self.output[at], self.median_output[group]),
+                                             (self.input[at], self.median_input[group]))]
         return np.fmax(*ratios)
 
-    def stragglers(self, floor: float = FLOOR) -> np.ndarray:
-        """What each task is (:func:`straggler_kinds`)."""
-        return straggler_kinds(self.slowdown(), self.median_seconds[self.group],
-                               self.bytes_ratio(), floor)
+    def stragglers(self, floor: float = FLOOR, at: np.ndarray | slice = ALL) -> np.ndarray:
+        """What each of the tasks ``at`` is (:func:`straggler_kinds`)."""
+        return straggler_kinds(self.slowdown(at), self.median_seconds[self.group[at]],
+                               self.bytes_ratio(at), floor)
 
 
 def straggler_kinds(slowdown: np.ndarray, median: np.ndarray, bytes_ratio: np.ndarray,
@@ -240,7 +248,7 @@ def tasks(store: PAGStore, groups: np.ndarray | None = None) -> Tasks:
     chosen = np.zeros(store.n_states, bool)
     chosen[ids] = True
     kind, dst = store.column("mutation_kind"), store.column("mutation_dst")
-    into = np.flatnonzero(chosen[dst] & ~np.isin(kind, _NOT_INPUTS))
+    into = np.flatnonzero(chosen[dst] & _IS_INPUT[kind])
     state_size = store.column("state_size")
     inputs = np.bincount(dst[into], minlength=store.n_states,
                          weights=state_size[store.column("mutation_src", into)])
@@ -318,13 +326,15 @@ def flag_steps(store: PAGStore, steps: pd.DataFrame, floor: float = FLOOR) -> pd
     group = np.full(len(steps), "", object)
     group[made] = found.names[found.group[at]]
     columns = {"group": group}
-    for name, values in (("median", found.median_seconds[found.group]),
-                         ("slowdown", found.slowdown()), ("bytes_ratio", found.bytes_ratio())):
+    median, slowdown = found.median_seconds[found.group[at]], found.slowdown(at)
+    bytes_ratio = found.bytes_ratio(at)
+    for name, values in (("median", median), ("slowdown", slowdown),
+                         ("bytes_ratio", bytes_ratio)):
         column = np.full(len(steps), np.nan)
-        column[made] = values[at]
+        column[made] = values
         columns[name] = column
     straggler = np.full(len(steps), "", object)
-    straggler[made] = found.stragglers(floor)[at]
+    straggler[made] = straggler_kinds(slowdown, median, bytes_ratio, floor)
     columns["straggler"] = straggler
     return steps.assign(**columns).astype({"group": "str", "straggler": "str"})
 

@@ -131,8 +131,9 @@ CAUSE_COLUMNS: dict[str, str] = {
 #: (``first_requested``: a task that raised ``Reschedule``, a P2P shuffle's
 #: output pinned to its worker, a task whose worker was lost), when the
 #: scheduler learnt that the task finished (``announced``: its transition to
-#: memory ran), and when the task's graph reached the scheduler (``submitted``,
-#: always last).
+#: memory ran), the seconds the task's thread spent on a CPU (``cpu``) and waited
+#: for one (``cpu_wait``), and when the task's graph reached the scheduler
+#: (``submitted``, always last).
 MOMENT_COLUMNS: dict[str, str] = {
     "state_id": "int64",
     "run_id": "str",
@@ -143,6 +144,8 @@ MOMENT_COLUMNS: dict[str, str] = {
     "io": "float64",
     "first_requested": "float64",
     "announced": "float64",
+    "cpu": "float64",
+    "cpu_wait": "float64",
     "submitted": "float64",
 }
 #: The per-state values of :data:`MOMENT_COLUMNS`, in order.

@@ -12,6 +12,9 @@ from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath, critical_path
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from crux_dask.scaling import Scaling
     from crux_dask.whatif import WhatIf
 
 __all__ = ["PAG"]
@@ -134,7 +137,8 @@ class PAG:
     def what_if(self, workers: int | None = None, threads: int | None = None,
                 speedup: dict[str, float] | None = None,
                 transfer_speedup: float | None = None, spill: bool = True,
-                run_id: str | None = None, stragglers: str | None = None) -> WhatIf:
+                run_id: str | None = None, stragglers: str | None = None,
+                load: pd.DataFrame | None = None) -> WhatIf:
         """Replay the run with a model of Dask's scheduler, changed (see :mod:`crux_dask.whatif`).
 
         Parameters
@@ -154,14 +158,20 @@ class PAG:
         stragglers : str, optional
             ``"median"``: each straggler (:mod:`crux_dask.groups`) computes for
             its group's median seconds.
+        load : DataFrame, optional
+            The run's load (:func:`crux_dask.get_load`,
+            :func:`crux_dask.read_load`): the cores of its hosts and the GIL
+            contention of its workers (:mod:`crux_dask.machine`).  Without it,
+            cores are not a limit and no label's GIL share is known.
 
         Returns
         -------
         WhatIf
             ``.makespan`` (predicted seconds, from the graph's root to the
-            run's end), ``.replay_error`` (the unchanged replay against the
-            recorded run, as a fraction) and ``.path`` (the predicted run's
-            critical path).
+            run's end), ``.range`` (low and high where the run does not tell
+            whether the labels of ``.gil_unknown`` hold the GIL),
+            ``.replay_error`` (the unchanged replay against the recorded run,
+            as a fraction) and ``.path`` (the predicted run's critical path).
 
         Raises
         ------
@@ -174,7 +184,7 @@ class PAG:
 
         index = self._run_index(run_id)
         return what_if(self.stores[index], self.ends[index], workers, threads, speedup,
-                       transfer_speedup, spill, stragglers)
+                       transfer_speedup, spill, stragglers, load=load)
 
     def suggest(self, run_id: str | None = None, load: pd.DataFrame | None = None
                 ) -> pd.DataFrame:
@@ -196,7 +206,9 @@ class PAG:
             seconds saved first: ``kind`` (``advice`` or ``what-if``),
             ``change``, ``why`` (the figures behind an advice), ``path_share``
             (of the path, held by the stages behind an advice), ``predicted``
-            makespan, ``saved`` (against the unchanged replay), ``saved_share``,
+            makespan, ``low`` and ``high`` (its range where the run does not tell
+            whether a label holds the GIL, else NaN), ``saved`` (against the
+            unchanged replay), ``saved_share``,
             ``replay_error`` and ``path_then``: the prefixes with the most busy
             seconds on the predicted critical path.
         """
@@ -205,6 +217,32 @@ class PAG:
         index = self._run_index(run_id)
         return what_to_fix(self.stores[index], self.ends[index], self.wcp(run_id=run_id),
                            load)
+
+    def scaling(self, workers: Iterable[int] = range(1, 9), threads: Iterable[int] = (1, 2, 4),
+                load: pd.DataFrame | None = None, run_id: str | None = None) -> Scaling:
+        """How many workers are enough: the run predicted on each shape of ``workers`` ×
+        ``threads`` per worker (see :mod:`crux_dask.scaling`).
+
+        Parameters
+        ----------
+        workers, threads : iterable of int
+            The numbers of workers, and of threads per worker, to combine.
+        load : DataFrame, optional
+            The run's load, as for :meth:`what_if`.
+        run_id : str, optional
+            The run (the latest by default).
+
+        Returns
+        -------
+        Scaling
+            ``.table`` (one row per shape: its predicted makespan, range and
+            change), ``.enough`` (the smallest shape within 5 % of the best)
+            and ``.summary()``.
+        """
+        from crux_dask.scaling import scaling
+
+        index = self._run_index(run_id)
+        return scaling(self.stores[index], self.ends[index], workers, threads, load)
 
     def _run_index(self, run_id: str | None) -> int:
         if not self.stores:

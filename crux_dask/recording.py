@@ -20,6 +20,9 @@ from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = ["extract"]
 
+#: Bytes a second between workers that distributed's scheduler assumes until it has
+#: measured its own (its ``distributed.scheduler.bandwidth`` default, 100 MB/s).
+DASK_BANDWIDTH = 100e6
 _TRANSFER = int(MutationKind.TRANSFER)
 _DELETE = int(MutationKind.DELETE)
 
@@ -283,10 +286,11 @@ def _fetch_lag(store: PAGStore, into: np.ndarray, fetched: np.ndarray, received:
 
 def _transfer_model(store: PAGStore, transfers: np.ndarray, src: np.ndarray, dst: np.ndarray,
                     busy: np.ndarray, where: np.ndarray) -> tuple[float, float]:
-    """Latency (s) and bandwidth (bytes/s) fitted to the transfers between workers."""
+    """Latency (s) and bandwidth (bytes/s) fitted to the transfers between workers; in a
+    run without any, what Dask's scheduler assumes before it measures."""
     between = transfers[(where[src[transfers]] == "memory") & (where[dst[transfers]] == "memory")]
     if not len(between):
-        return 0.0, math.inf
+        return 0.0, DASK_BANDWIDTH
     nbytes = store.column("state_size", dst[between]).astype(float)
     seconds = busy[between]
     if len(between) > 1 and np.ptp(nbytes) > 0:

@@ -9,14 +9,19 @@ over bandwidth, and the scheduling gaps measured in the run.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from crux_dask.store import PAGStore
+
+if TYPE_CHECKING:
+    from crux_dask.sharing import Sharing
 
 __all__ = ["Gaps", "Run", "Schedule", "simulate"]
 
@@ -25,7 +30,6 @@ WORKER_SATURATION = 1.1
 #: Dask's ``rootish-taskgroup`` and ``rootish-taskgroup-dependencies`` defaults.
 ROOTISH_GROUPS = 5
 ROOTISH_DEPENDENCIES = 5
-
 
 
 @dataclass
@@ -121,16 +125,12 @@ class Run:
     output_delay: np.ndarray
     origin: float
     makespan: float
+    #: What the what-if computed of the run once, for the next change.
+    memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def n_tasks(self) -> int:
         return len(self.state)
-
-    @cached_property
-    def replay(self) -> Schedule:
-        """The unchanged replay (computed once)."""
-        return simulate(self, len(self.workers), self.threads, self.duration + self.spill,
-                        self.gaps, self.latency, self.bandwidth)
 
     @cached_property
     def label_names(self) -> np.ndarray:
@@ -161,9 +161,14 @@ class Schedule:
 
 
 def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Gaps,
-             latency: float, bandwidth: float,
-             saturation: float = WORKER_SATURATION) -> Schedule:
+             latency: float, bandwidth: float, saturation: float = WORKER_SATURATION,
+             sharing: Sharing | None = None) -> Schedule:
     """Replay ``run`` on ``workers`` × ``threads`` with these task seconds and transfer costs.
+
+    With ``sharing`` (:class:`~crux_dask.machine.Sharing`), ``duration`` is
+    each task's solo seconds and the tasks running at once share their hosts'
+    cores and their workers' GIL; without it, each task runs for its
+    ``duration`` whatever runs with it.
 
     Returns
     -------
@@ -175,170 +180,214 @@ def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: G
     ValueError
         If the recorded inputs form a cycle.
     """
-    replay = _Replay(run, workers, threads, duration, gaps, latency, bandwidth, saturation)
-    replay.play()
-    stop = np.asarray(replay.t_stop)
+    # The replay makes millions of objects and no cycles: collecting them is waste.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        w_of, th_of, t_sent, released_by, t_run, t_start, t_stop, moved = _replay(
+            run, workers, threads, duration, gaps, latency, bandwidth, saturation, sharing)
+    finally:
+        if collecting:
+            gc.enable()
+    stop = np.asarray(t_stop)
     makespan = float(stop.max())
     if len(run.outputs):
         makespan = max(makespan, float(stop[run.outputs].max() + run.output_delay.max()))
-    return Schedule(np.asarray(replay.w_of), np.asarray(replay.th_of),
-                    np.asarray(replay.t_sent), np.asarray(replay.released_by),
-                    np.asarray(replay.t_run), np.asarray(replay.t_start), stop, replay.moved,
-                    workers, makespan)
+    return Schedule(np.asarray(w_of), np.asarray(th_of), np.asarray(t_sent),
+                    np.asarray(released_by), np.asarray(t_run), np.asarray(t_start), stop,
+                    moved, workers, makespan)
 
 
-class _Replay:
-    """One replay under way: the run's tables as lists, and the cluster's state.
+def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Gaps,
+            latency: float, bandwidth: float, saturation: float, sharing: Sharing | None
+            ) -> tuple[list, ...]:
+    """The replay of :func:`simulate`: each task's worker, thread, sent, released-by,
+    runnable, start and stop, and the transfers.
 
-    Tasks are placed once their inputs are computed (:meth:`place`), sent to
-    a worker (:meth:`assign`), started once they are runnable there and a
-    thread is free (:meth:`begin`), and free their thread, queue slot and
-    dependents as they finish (:meth:`finish`).  :meth:`play` runs the events
-    in time order.
+    Tasks are placed once their inputs are computed (``place``), sent to a
+    worker (``assign``), started once they are runnable there and a thread is
+    free, and free their thread, queue slot and dependents as they finish.
+
+    One loop on local names runs the events in time order, as a replay runs
+    millions: an event is ``(time, kind * n + task)`` for the run's ``n``
+    tasks, of kind 0 done, 1 runnable or 2 started (with sharing), so events
+    run by time, then kind, then task; its worker is the task's (``w_of``).
+    A runnable task starts at once if its worker has a free thread (its
+    ready heap is then empty), else it waits there; a task that finishes
+    hands its thread to the first one waiting, after placing the dependents
+    it freed and releasing queued tasks to its worker's free slots (which
+    neither read threads nor start tasks).
     """
+    n, n_workers = run.n_tasks, workers
+    dep_ptr, deps = run.dep_ptr.tolist(), run.deps.tolist()
+    size, dur = run.size.tolist(), duration.tolist()
+    users, user_ptr = (a.tolist() for a in _users(run))
+    waiting = np.diff(run.dep_ptr).tolist()
+    # Expected seconds per label (what Dask's occupancy uses) and root-ish tasks.
+    label = run.label
+    per_label = np.bincount(label, duration) / np.maximum(np.bincount(label), 1)
+    expected = per_label[label].tolist()
+    rootish = _rootish(run, workers * threads).tolist()
+    per_byte = 0.0 if math.isinf(bandwidth) else 1.0 / bandwidth
+    slots = max(math.ceil(saturation * threads), 1) if math.isfinite(saturation) else n + 1
+    w_of, th_of, released_by = [0] * n, [0] * n, [-1] * n
+    t_sent, t_run, t_start, t_stop = ([0.0] * n for _ in range(4))
+    moved: list[tuple[int, int, int, float, float]] = []
+    occupancy, processing = [0.0] * n_workers, [0] * n_workers
+    free = [list(range(threads - 1, -1, -1)) for _ in range(n_workers)]
+    ready: list[list[int]] = [[] for _ in range(n_workers)]
+    queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
+    held: dict[int, float] = {}  # task * workers + worker -> when its copy is there
+    holders: list[list[int] | None] = [None] * n  # the workers a result is at
+    events: list[tuple[float, int]] = []
+    heappush, heappop = heapq.heappush, heapq.heappop
+    dispatch, started = gaps.dispatch, 2 * n
 
-    def __init__(self, run: Run, workers: int, threads: int, duration: np.ndarray,
-                 gaps: Gaps, latency: float, bandwidth: float, saturation: float) -> None:
-        n = run.n_tasks
-        self.workers, self.threads, self.gaps, self.latency = workers, threads, gaps, latency
-        self.dep_ptr, self.deps = run.dep_ptr.tolist(), run.deps.tolist()
-        self.size, self.dur = run.size.tolist(), duration.tolist()
-        # Dependents, as compressed rows.
-        consumers = np.repeat(np.arange(n), np.diff(run.dep_ptr))
-        by_dep = np.argsort(run.deps, kind="stable")
-        self.users = consumers[by_dep].tolist()
-        self.user_ptr = np.searchsorted(run.deps[by_dep], np.arange(n + 1)).tolist()
-        self.waiting = np.diff(run.dep_ptr).tolist()
-        # Expected seconds per label (what Dask's occupancy uses) and root-ish tasks.
-        label = run.label
-        per_label = np.bincount(label, duration) / np.maximum(np.bincount(label), 1)
-        self.expected = per_label[label].tolist()
-        self.rootish = _rootish(run, workers * threads).tolist()
-        self.per_byte = 0.0 if math.isinf(bandwidth) else 1.0 / bandwidth
-        self.slots = (max(math.ceil(saturation * threads), 1) if math.isfinite(saturation)
-                      else n + 1)
-        self.occupancy = [0.0] * workers
-        self.processing = [0] * workers
-        self.free = [list(range(threads - 1, -1, -1)) for _ in range(workers)]
-        self.ready: list[list[int]] = [[] for _ in range(workers)]
-        self.queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
-        self.held: dict[int, float] = {}  # task * workers + worker -> when its data is there
-        self.holders: list[list[int]] = [[] for _ in range(n)]  # the workers a result is at
-        self.home, self.w_of, self.th_of = [0] * n, [0] * n, [0] * n
-        self.released_by = [-1] * n
-        self.t_sent, self.t_run, self.t_start, self.t_stop = ([0.0] * n for _ in range(4))
-        self.moved: list[tuple[int, int, int, float, float]] = []
-        # (time, 0 done / 1 runnable, task, worker)
-        self.events: list[tuple[float, int, int, int]] = []
-
-    def play(self) -> None:
-        """Place the tasks without inputs, then run every event in time order."""
-        for task in range(len(self.waiting)):
-            if self.waiting[task] == 0:
-                self.place(task, 0.0)
-        events, ready, free = self.events, self.ready, self.free
-        while events:
-            t, what, task, w = heapq.heappop(events)
-            if what:  # runnable on w
-                heapq.heappush(ready[w], task)
-                if free[w]:
-                    self.begin(t, w)
-            else:
-                self.finish(t, task, w)
-        if self.queue or any(self.waiting):
-            raise ValueError("the replay could not run every task: the recorded inputs "
-                             "form a cycle")
-
-    def begin(self, t: float, w: int) -> None:
-        """Start the first ready task of ``w`` on a free thread at ``t``."""
-        task = heapq.heappop(self.ready[w])
-        self.th_of[task] = self.free[w].pop()
-        self.t_start[task] = start = t + self.gaps.dispatch
-        heapq.heappush(self.events, (start + self.dur[task], 0, task, w))
-
-    def assign(self, task: int, w: int, t: float) -> None:
+    def assign(task: int, w: int, t: float) -> None:
         """Send ``task`` to ``w`` at ``t`` (its inputs all computed by then)."""
-        self.processing[w] += 1
-        self.occupancy[w] += self.expected[task]
-        self.w_of[task] = w
-        self.t_sent[task] = t
-        lo, hi = self.dep_ptr[task], self.dep_ptr[task + 1]
-        gaps = self.gaps
+        processing[w] += 1
+        occupancy[w] += expected[task]
+        w_of[task] = w
+        t_sent[task] = t
+        lo, hi = dep_ptr[task], dep_ptr[task + 1]
         if lo == hi:
             when = t + (gaps.slot if t > 0 else gaps.first)
         else:
             when = arrived = t + gaps.local
-            held, workers, size = self.held, self.workers, self.size
-            for d in self.deps[lo:hi]:
-                there = held.get(d * workers + w)
+            for d in deps[lo:hi]:
+                there = t_stop[d] if w_of[d] == w else held.get(d * n_workers + w)
                 if there is None:
                     began = arrived + gaps.fetch
-                    there = began + self.latency + size[d] * self.per_byte
-                    held[d * workers + w] = there
-                    self.holders[d].append(w)
-                    self.moved.append((d, self.home[d], w, began, there))
+                    there = began + latency + size[d] * per_byte
+                    held[d * n_workers + w] = there
+                    holders[d].append(w)
+                    moved.append((d, w_of[d], w, began, there))
                 if there > when:
                     when = there
-        self.t_run[task] = when
-        heapq.heappush(self.events, (when, 1, task, w))
+        t_run[task] = when
+        heappush(events, (when, n + task))
 
-    def place(self, task: int, t: float) -> None:
+    def place(task: int, t: float) -> None:
         """Choose the worker of ``task``, whose inputs are computed at ``t``, as Dask
         would: a root-ish task the least busy worker with a free slot (else it
-        queues), another the worker where its inputs cost least to fetch."""
-        processing, occupancy = self.processing, self.occupancy
-        workers = range(self.workers)
-        if self.rootish[task]:
-            w = min(workers, key=lambda w: (processing[w], occupancy[w], w))
-            if processing[w] < self.slots:
-                self.assign(task, w, t)
-            else:
-                heapq.heappush(self.queue, task)
-            return
-        lo, hi = self.dep_ptr[task], self.dep_ptr[task + 1]
-        if lo == hi:
-            w = min(workers, key=lambda w: (occupancy[w], processing[w], w))
-        else:
-            deps, held, size, n_workers = self.deps[lo:hi], self.held, self.size, self.workers
-            candidates = {w for d in deps for w in self.holders[d]}
-            w = min(candidates, key=lambda w: (
-                occupancy[w] / self.threads + self.per_byte * sum(
-                    size[d] for d in deps if d * n_workers + w not in held),
-                processing[w], w))
-        self.assign(task, w, t)
+        queues), another the worker where its inputs cost least to fetch.
 
-    def finish(self, t: float, task: int, w: int) -> None:
-        """``task`` finished on ``w`` at ``t``: its thread, slot and dependents are free."""
-        self.t_stop[task] = t
-        self.home[task] = w
-        self.held[task * self.workers + w] = t
-        self.holders[task].append(w)
-        self.free[w].append(self.th_of[task])
-        self.processing[w] -= 1
-        self.occupancy[w] -= self.expected[task]
-        if self.ready[w]:
-            self.begin(t, w)
-        waiting = self.waiting
-        for user in self.users[self.user_ptr[task]:self.user_ptr[task + 1]]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                self.place(user, t)
-        queue = self.queue
-        while queue and self.processing[w] < self.slots:
-            queued = heapq.heappop(queue)
-            self.released_by[queued] = task
-            self.assign(queued, w, t)
+        Of the workers holding some of its inputs, each costs its occupancy
+        per thread plus the bytes it lacks over the bandwidth, ties broken
+        by tasks processing, then index; sizes are whole bytes, so the bytes
+        it lacks are exactly all the inputs' less those it holds.
+        """
+        if rootish[task]:
+            w = min(zip(processing, occupancy, range(n_workers)))[2]
+            if processing[w] < slots:
+                assign(task, w, t)
+            else:
+                heappush(queue, task)
+            return
+        lo, hi = dep_ptr[task], dep_ptr[task + 1]
+        if lo == hi:
+            assign(task, min(zip(occupancy, processing, range(n_workers)))[2], t)
+            return
+        have: dict[int, int] = {}  # worker -> bytes of the inputs it holds
+        for d in deps[lo:hi]:
+            for w in holders[d]:
+                have[w] = have.get(w, 0) + size[d]
+        if len(have) == 1:
+            w = next(iter(have))
+        else:
+            total = 0
+            for d in deps[lo:hi]:
+                total += size[d]
+            best = None
+            for w, bytes_ in have.items():
+                key = (occupancy[w] / threads + per_byte * (total - bytes_), processing[w], w)
+                if best is None or key < best:
+                    best = key
+            w = best[2]
+        assign(task, w, t)
+
+    def end(at: float, task: int, w: int) -> None:
+        """Plan ``task``'s end at ``at`` (what sharing plans; an end planned before
+        is stale)."""
+        heappush(events, (at, task))
+
+    for task in range(n):
+        if waiting[task] == 0:
+            place(task, 0.0)
+    while events:
+        t, task = heappop(events)
+        if task < n:  # done
+            w = w_of[task]
+            if sharing is not None:
+                if not sharing.due(task, t):
+                    continue
+                sharing.leave(t, task, w, end)
+            t_stop[task] = t
+            holders[task] = [w]
+            processing[w] -= 1
+            occupancy[w] -= expected[task]
+            for user in users[user_ptr[task]:user_ptr[task + 1]]:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    place(user, t)
+            while queue and processing[w] < slots:
+                queued = heappop(queue)
+                released_by[queued] = task
+                assign(queued, w, t)
+            thread = th_of[task]
+            if not ready[w]:
+                free[w].append(thread)
+                continue
+            task = heappop(ready[w])
+        elif task < started:  # runnable on its worker
+            task -= n
+            w = w_of[task]
+            if not free[w]:
+                heappush(ready[w], task)
+                continue
+            thread = free[w].pop()
+        else:  # started: it shares the machine from now
+            task -= started
+            sharing.join(t, task, w_of[task], dur[task], end)
+            continue
+        th_of[task] = thread
+        t_start[task] = at = t + dispatch
+        heappush(events, (at + dur[task], task) if sharing is None else (at, started + task))
+    if queue or any(waiting):
+        raise ValueError("the replay could not run every task: the recorded inputs "
+                         "form a cycle")
+    return w_of, th_of, t_sent, released_by, t_run, t_start, t_stop, moved
+
+
+def _users(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """The dependents of each task, as compressed rows (computed once per run)."""
+    found = run.memo.get("users")
+    if found is None:
+        consumers = np.repeat(np.arange(run.n_tasks), np.diff(run.dep_ptr))
+        by_dep = np.argsort(run.deps, kind="stable")
+        found = run.memo["users"] = (consumers[by_dep], np.searchsorted(
+            run.deps[by_dep], np.arange(run.n_tasks + 1)))
+    return found
 
 
 def _rootish(run: Run, total_threads: int) -> np.ndarray:
-    """Tasks of root-ish groups, by Dask's rule, with labels standing for task groups."""
-    n_labels = int(run.label.max()) + 1
-    group_size = np.bincount(run.label, minlength=n_labels)
-    consumers = np.repeat(np.arange(run.n_tasks), np.diff(run.dep_ptr))
-    pairs = np.unique(np.stack([run.label[consumers], run.label[run.deps]]), axis=1)
-    # Tasks of each group's input groups, and how many such groups.
-    dep_groups = np.bincount(pairs[0], minlength=n_labels)
-    dep_tasks = np.bincount(pairs[0], weights=group_size[pairs[1]], minlength=n_labels)
-    ok = ((group_size > 2 * total_threads) & (dep_groups < ROOTISH_GROUPS)
-          & (dep_tasks < ROOTISH_DEPENDENCIES))
-    return ok[run.label]
+    """Tasks of root-ish groups, by Dask's rule, with labels standing for task groups.
+
+    What does not depend on the threads is computed once per run.
+    """
+    found = run.memo.get("rootish")
+    if found is None:
+        n_labels = int(run.label.max()) + 1
+        group_size = np.bincount(run.label, minlength=n_labels)
+        consumers = np.repeat(np.arange(run.n_tasks), np.diff(run.dep_ptr))
+        # Each (group, input group) pair once, in order, as one code per pair.
+        pairs = np.unique(run.label[consumers].astype(np.int64) * n_labels
+                          + run.label[run.deps])
+        group, dep_group = np.divmod(pairs, n_labels)
+        # Tasks of each group's input groups, and how many such groups.
+        dep_groups = np.bincount(group, minlength=n_labels)
+        dep_tasks = np.bincount(group, weights=group_size[dep_group], minlength=n_labels)
+        found = run.memo["rootish"] = group_size, ((dep_groups < ROOTISH_GROUPS)
+                                                   & (dep_tasks < ROOTISH_DEPENDENCIES))
+    group_size, few_inputs = found
+    return ((group_size > 2 * total_threads) & few_inputs)[run.label]

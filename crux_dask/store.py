@@ -67,8 +67,9 @@ class PAGStore:
     (``requested``, ``received``, ``runnable``), the task's ``priority``, its
     seconds on files (``io``), when it was first sent where it was sent
     again (``first_requested``), when the scheduler learnt it finished
-    (``announced``) and when its graph was ``submitted``
-    (NaN where not recorded, see
+    (``announced``), the CPU seconds its thread spent on it (``cpu``) and
+    waited for a core (``cpu_wait``) and
+    when its graph was ``submitted`` (NaN where not recorded, see
     :data:`~crux_dask.model.MOMENT_COLUMNS`) and ``cause``: the cause through
     which the resource freed last came (``-1`` for none).
 
@@ -112,6 +113,8 @@ class PAGStore:
         self.state_io = array("d")
         self.state_first_requested = array("d")
         self.state_announced = array("d")
+        self.state_cpu = array("d")
+        self.state_cpu_wait = array("d")
         self.state_submitted = array("d")
         self.state_cause = array("i")
         self.cause_src = array("i")

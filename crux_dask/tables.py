@@ -49,6 +49,7 @@ def schemas() -> dict[str, Any]:
             ("key", pa.string()), ("prefix", text), ("state_id", pa.int64()),
             ("dependencies", pa.list_(pa.string())), ("worker", text), ("thread", pa.int64()),
             ("compute_start", pa.float64()), ("compute_stop", pa.float64()),
+            ("compute_cpu", pa.float64()), ("compute_cpu_wait", pa.float64()),
             ("nbytes", pa.int64()), ("final_state", text),
         ]),
         "transitions": pa.schema([
@@ -80,6 +81,7 @@ def schemas() -> dict[str, Any]:
             ("received", pa.float64()), ("runnable", pa.float64()),
             ("priority", pa.float64()), ("io", pa.float64()),
             ("first_requested", pa.float64()), ("announced", pa.float64()),
+            ("cpu", pa.float64()), ("cpu_wait", pa.float64()),
             ("submitted", pa.float64()),
         ]),
         "scopes": pa.schema([
@@ -203,7 +205,9 @@ def moments_table(store: PAGStore) -> Any:
 
 
 def tasks_table(store: PAGStore) -> Any:
-    """One row per task computed in a run: where, when, from what, and how it ended.
+    """One row per task computed in a run: where, when, from what, how it ended, and
+    the CPU seconds its thread spent on it and waited for a core (``compute_cpu``,
+    ``compute_cpu_wait``; NaN where not recorded).
 
     A task's state is the one computed on an executor thread, whatever the
     kind of its mutations (an annotation may make a task a TRANSFER or a DELETE).
@@ -241,6 +245,8 @@ def tasks_table(store: PAGStore) -> Any:
         pa.array(thread[made], type=pa.int64()),
         pa.array(store.column("state_start")[made], type=pa.float64()),
         pa.array(store.column("state_time")[made], type=pa.float64()),
+        pa.array(store.column("state_cpu")[made], type=pa.float64()),
+        pa.array(store.column("state_cpu_wait")[made], type=pa.float64()),
         pa.array(store.column("state_size")[made], type=pa.int64()),
         _dictionary(final, ["erred", "released", "memory"]),
     ], schema=schemas()["tasks"])

@@ -97,6 +97,11 @@ def _time(value: Any) -> str | None:
     return None if math.isfinite(value) else "expected a finite number"
 
 
+def _seconds(value: Any) -> str | None:
+    problem = _time(value)
+    return problem if problem is not None or value >= 0 else "expected seconds, at least 0"
+
+
 def _flag(value: Any) -> str | None:
     return None if isinstance(value, bool) else "expected true or false"
 
@@ -134,7 +139,7 @@ _OPTIONAL = {("compute", "location"), ("compute", "origin"), ("compute", "reads"
              ("transfer", "nbytes"), ("transfer", "requested"),
              *(("compute", name) for name in ("sent", "received", "runnable", "released_by",
                                               "released_on", "priority", "io",
-                                              "first_requested", "announced")),
+                                              "first_requested", "announced", "cpu", "cpu_wait")),
              ("file", "requested"), ("file", "received")}
 
 _FIELD_CHECKS = {
@@ -144,6 +149,6 @@ _FIELD_CHECKS = {
     "group": _optional_string, "mutation": _kind, "origin": _optional_string, "reads": _inputs,
     "sent": _time, "received": _time, "runnable": _time, "requested": _time,
     "released_by": _string, "released_on": _string, "priority": _time, "io": _time,
-    "first_requested": _time, "announced": _time,
+    "first_requested": _time, "announced": _time, "cpu": _seconds, "cpu_wait": _seconds,
     "written": _flag,
 }

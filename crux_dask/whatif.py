@@ -17,6 +17,13 @@ model that behaves like ``distributed``'s scheduler and workers:
   ``max(ceil(threads * worker_saturation), 1)`` tasks processing;
 * **threads**: each worker runs its tasks on ``threads`` threads, each task
   for its recorded compute seconds (divided by its label's speedup);
+* **the machine**: where the run recorded its tasks' CPU seconds, the tasks
+  running at once share their host's cores and their worker's GIL
+  (:mod:`crux_dask.machine`), and their recorded seconds lose the stretch of
+  what they competed for in the run; the load of the run (``load``) tells
+  the cores and, where distributed measured GIL contention, which labels
+  hold the GIL.  Where it cannot tell for a label that uses the CPU, the
+  run is played both ways and the prediction is the range between;
 * **transfers**: an input held elsewhere is fetched, starting the measured
   fetch lag after the task reached its worker, and takes latency + bytes /
   bandwidth, both fitted to the recorded transfers between workers;
@@ -30,10 +37,9 @@ model that behaves like ``distributed``'s scheduler and workers:
   (:mod:`crux_dask.groups`) computes for its group's median seconds; its
   bytes stay as recorded.
 
-Not modelled: work stealing, contention for cores or the GIL between
-threads (a task's seconds do not grow with more threads), limits on
-concurrent transfers, memory limits and pauses, and the order of ties Dask
-breaks by bytes held.
+Not modelled: work stealing, the scheduler's own CPU as a limit on how many
+tasks a second it can send, limits on concurrent transfers, memory limits
+and pauses, and the order of ties Dask breaks by bytes held.
 
 The makespan, recorded and predicted alike, is the time from the graph's
 root (its arrival at the scheduler) to the run's end state (usually the
@@ -43,17 +49,17 @@ result reaching the client).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from crux_dask.groups import tasks
+from crux_dask.groups import Tasks, tasks
+from crux_dask.machine import Machine, core_waits, machine_of
 from crux_dask.recording import extract
 from crux_dask.replay import Run, Schedule, simulate
+from crux_dask.sharing import solo_seconds, task_cpu
 from crux_dask.store import PAGStore
 from crux_dask.wcp import CriticalPath
 
@@ -61,6 +67,11 @@ __all__ = ["WhatIf", "predicted_pag", "suggest", "what_if"]
 
 #: Candidate labels of :func:`suggest`: the top labels of the observed path.
 TOP_LABELS = 3
+#: A label uses the CPU, for the GIL it may hold, from this share of its tasks' run
+#: on it and of all tasks' CPU seconds.
+CPU_USER = 0.05
+#: A range narrower than this share of its high end is given as one number.
+RANGE_MIN = 0.05
 
 
 @dataclass
@@ -81,6 +92,12 @@ class WhatIf:
         change does within the model.
     changes : dict
         The change replayed.
+    range : tuple of float or None
+        ``(low, high)``: the makespans predicted with the labels of
+        ``gil_unknown`` releasing the GIL and holding it (``makespan`` is their
+        mean); None where the run tells what the prediction needs.
+    gil_unknown : list of str
+        The labels that use the CPU and whose GIL share the run does not tell.
     """
 
     makespan: float
@@ -90,6 +107,8 @@ class WhatIf:
     changes: dict
     run: Run = field(repr=False)
     schedule: Schedule = field(repr=False)
+    range: tuple[float, float] | None = None
+    gil_unknown: list[str] = field(default_factory=list)
 
     @property
     def saved(self) -> float:
@@ -104,9 +123,12 @@ class WhatIf:
     def summary(self) -> str:
         """One line: the change, predicted and recorded makespans, and the replay's error."""
         change = ", ".join(f"{k}={v}" for k, v in self.changes.items()) or "unchanged"
-        return (f"{change}: predicted {self.makespan:.3f} s (saves {self.saved:+.3f} s), "
-                f"recorded {self.recorded:.3f} s, unchanged replay error "
-                f"{self.replay_error:+.1%}")
+        between = "" if self.range is None else (
+            f" (between {self.range[0]:.3f} s and {self.range[1]:.3f} s: the run does not "
+            f"tell whether {', '.join(self.gil_unknown)} hold the GIL)")
+        return (f"{change}: predicted {self.makespan:.3f} s{between} (saves "
+                f"{self.saved:+.3f} s), recorded {self.recorded:.3f} s, unchanged replay "
+                f"error {self.replay_error:+.1%}")
 
 
 def predicted_pag(run: Run, schedule: Schedule):
@@ -153,9 +175,12 @@ def predicted_pag(run: Run, schedule: Schedule):
 
 def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int | None = None,
             speedup: dict[str, float] | None = None, transfer_speedup: float | None = None,
-            spill: bool = True, stragglers: str | None = None, run: Run | None = None
-            ) -> WhatIf:
+            spill: bool = True, stragglers: str | None = None, run: Run | None = None,
+            load: pd.DataFrame | None = None, machine: Machine | None = None) -> WhatIf:
     """Replay a recorded run with changes; see :meth:`crux_dask.PAG.what_if`.
+
+    ``machine`` (:func:`~crux_dask.machine.machine_of` the run and its
+    ``load``) may be given to save finding it again.
 
     Raises
     ------
@@ -193,23 +218,38 @@ def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int 
             raise ValueError(f"stragglers must be 'median', got {stragglers!r}")
         duration = _stragglers_at_median(run)
         changes["stragglers"] = stragglers
-    base = run.replay
-    if not changes:
-        schedule = base
-    else:
-        k = transfer_speedup or 1.0
-        latency = 0.0 if math.isinf(k) else run.latency / k
-        bandwidth = math.inf if math.isinf(k) else run.bandwidth * k
-        seconds = duration / factor + (run.spill if spill else 0.0)
-        schedule = simulate(run, workers or len(run.workers), threads or run.threads, seconds,
-                            run.gaps, latency, bandwidth)
-    return WhatIf(schedule.makespan, run.makespan, base.makespan / run.makespan - 1,
-                  base.makespan, changes, run, schedule)
+    k = transfer_speedup or 1.0
+    latency = 0.0 if math.isinf(k) else run.latency / k
+    bandwidth = math.inf if math.isinf(k) else run.bandwidth * k
+    shape = (workers or len(run.workers), threads or run.threads)
+    machine = machine_of(run, load) if machine is None else machine
+    bases, schedules = [], []
+    stretch = np.divide(duration, run.duration, out=np.ones(run.n_tasks),
+                        where=run.duration > 0)
+    for gil in _gil_cases(run, machine):
+        solo, density, background, base = _solo(run, machine, gil)
+        bases.append(base)
+        schedules.append(bases[-1] if not changes else _play(
+            run, machine, gil, solo * stretch / factor, density, background, *shape,
+            run.spill if spill else 0.0, latency, bandwidth))
+    low, high = min(s.makespan for s in schedules), max(s.makespan for s in schedules)
+    base = float(np.mean([b.makespan for b in bases]))
+    unknown = sorted(set(run.label_names[_gil_unknown(run, machine)].tolist()))
+    between = high - low > RANGE_MIN * high
+    return WhatIf((low + high) / 2, run.makespan, base / run.makespan - 1, base, changes,
+                  run, schedules[-1], (low, high) if between else None,
+                  unknown if between else [])
 
 
-def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
-    """Candidate changes ranked by predicted seconds saved; see :meth:`crux_dask.PAG.suggest`."""
-    run = extract(store, end)
+def suggest(store: PAGStore, end: int, path: CriticalPath,
+            load: pd.DataFrame | None = None, run: Run | None = None,
+            machine: Machine | None = None) -> pd.DataFrame:
+    """Candidate changes ranked by predicted seconds saved; see :meth:`crux_dask.PAG.suggest`.
+
+    ``run`` and ``machine`` (as :func:`what_if` takes them) may be given to save finding
+    them again."""
+    run = extract(store, end) if run is None else run
+    machine = machine_of(run, load) if machine is None else machine
     steps = path.to_frame()
     on_path = steps[steps["category"] == "compute"].groupby("label")["busy"].sum()
     on_path = on_path[on_path.index.isin(run.label_names.tolist())]  # not a shuffle's shards
@@ -228,51 +268,85 @@ def suggest(store: PAGStore, end: int, path: CriticalPath) -> pd.DataFrame:
                            "group's median", {"stragglers": "median"}))
     rows = []
     for name, change in candidates:
-        result = what_if(store, end, run=run, **change)
-        rows.append({"change": name, "predicted": result.makespan, "saved": result.saved,
-                     "saved_share": result.saved / result.baseline,
+        result = what_if(store, end, run=run, machine=machine, **change)
+        low, high = result.range or (math.nan, math.nan)
+        rows.append({"change": name, "predicted": result.makespan, "low": low, "high": high,
+                     "saved": result.saved, "saved_share": result.saved / result.baseline,
                      "replay_error": result.replay_error,
                      "path_then": _top_labels(result.path)})
     frame = pd.DataFrame(rows)
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def suggest_apart(pieces: Any, end: int, niceness: int, answer: Any,
-                  load: dict | None = None) -> None:
-    """:func:`~crux_dask.advice.what_to_fix` for the store
-    :meth:`~crux_dask.store.PAGStore.to_pieces` cut, on its observed path to ``end``,
-    with the ``load`` columns, sent on the connection ``answer`` as ``(table, None)``, or
-    ``(None, error)`` for a ``ValueError``.  The pieces come on the connection
-    ``pieces``, one per message, until an empty one.
+def _gil_unknown(run: Run, machine: Machine) -> np.ndarray:
+    """Which tasks are of a label whose GIL share the run does not tell, and that uses
+    the CPU: at least :data:`CPU_USER` of its tasks' seconds and of all tasks' CPU
+    seconds."""
+    cpu = task_cpu(run)
+    n = len(machine.gil)
+    label_cpu = np.bincount(run.label, cpu, n)
+    label_wall = np.bincount(run.label, run.duration, n)
+    uses = (label_cpu > CPU_USER * label_wall) & (label_cpu > CPU_USER * cpu.sum())
+    return (np.isnan(machine.gil) & uses)[run.label]
 
-    What a process of its own runs, ``niceness`` less favoured than its
-    parent, for a server whose event loop must not wait for it: a replay
-    allocates millions of small objects, and a thread would hold the
-    interpreter for every garbage collection they cause.
-    """
-    from crux_dask.advice import what_to_fix
-    from crux_dask.wcp import critical_path
 
-    os.nice(niceness)
-    store = PAGStore.from_pieces(list(iter(pieces.recv_bytes, b"")))
-    try:
-        answer.send((what_to_fix(store, end, critical_path(store, default_end=end), load),
-                     None))
-    except ValueError as error:  # a run without tasks or timing
-        answer.send((None, error))
+def _gil_cases(run: Run, machine: Machine) -> list[np.ndarray]:
+    """The GIL share of each task, as the run tells it; where it does not for a label that
+    uses the CPU, two cases: releasing the GIL, and holding it as much as it can have."""
+    gil = np.nan_to_num(machine.gil[run.label], nan=0.0)  # no CPU: no GIL either
+    unknown = _gil_unknown(run, machine)
+    if not unknown.any():
+        return [gil]
+    return [np.where(unknown, 0.0, gil), np.where(unknown, machine.gil_most[run.label], gil)]
+
+
+def _solo(run: Run, machine: Machine, gil: np.ndarray) -> tuple:
+    """:func:`~crux_dask.sharing.solo_seconds`, with the waits for a core the machine
+    explains, its background, and the unchanged replay of them: once per run, machine
+    and GIL case (a scaling or suggest() replays many changes of one run)."""
+    memo = run.memo.setdefault("solo", {})
+    seen, known = memo.get(gil.tobytes(), (None, None))
+    if seen is not machine:
+        solo, density = solo_seconds(run, gil, core_waits(run, machine))
+        base = _play(run, machine, gil, solo, density, machine.background, len(run.workers),
+                     run.threads, run.spill, run.latency, run.bandwidth)
+        known = solo, density, machine.background, base
+        memo[gil.tobytes()] = machine, known
+    return known
+
+
+def _play(run: Run, machine: Machine, gil: np.ndarray, solo: np.ndarray,
+          density: np.ndarray, background: list[float], workers: int, threads: int,
+          spill: np.ndarray | float, latency: float, bandwidth: float) -> Schedule:
+    """A replay on ``workers`` × ``threads`` of these solo seconds, sharing the machine
+    with the ``background`` of each host."""
+    seconds = solo + spill
+    cpu = density * solo
+    share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)
+    return simulate(run, workers, threads, seconds, run.gaps, latency, bandwidth,
+                    sharing=machine.sharing(workers, share, gil, background))
 
 
 def _stragglers_at_median(run: Run) -> np.ndarray:
     """The compute seconds of the run's tasks, each straggler's its group's median."""
-    found = tasks(run.store)
+    found = _tasks_of(run)
     at = found.positions(run.state)
-    straggler = found.stragglers()[at] != ""
+    straggler = found.stragglers(at=at) != ""
     return np.where(straggler, found.median_seconds[found.group[at]], run.duration)
 
 
 def stragglers_in(run: Run) -> int:
     """How many of the run's tasks are stragglers."""
-    return int((tasks(run.store).stragglers() != "").sum())
+    return int((_tasks_of(run).stragglers() != "").sum())
+
+
+def _tasks_of(run: Run) -> Tasks:
+    """The tasks of the run's graph, with their groups' medians
+    (:func:`~crux_dask.groups.tasks`): found once per run."""
+    found = run.memo.get("tasks")
+    if found is None:
+        found = run.memo["tasks"] = tasks(run.store)
+    return found
 
 
 def _top_labels(path: CriticalPath, top: int = TOP_LABELS) -> str:

@@ -74,7 +74,8 @@ def _column_arrays(columns: Any) -> dict[str, np.ndarray]:
     for name in EVENT_MOMENTS:
         if not len(arrays[name]):  # none recorded in the whole batch
             arrays[name] = np.full(n, np.nan)
-    arrays["priority"], arrays["announced"] = np.full((2, n), np.nan)
+    for name in ("priority", "announced", "cpu", "cpu_wait"):
+        arrays[name] = np.full(n, np.nan)
     arrays["released_by"], arrays["released_on"] = np.full((2, n), NONE, np.int64)
     for name, values in arrays.items():
         if name != "inputs" and len(values) != n:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from crux_dask.functions import FunctionLog
 from crux_dask.groups import KeyGroups, group_name
 from crux_dask.model import file_group
 from crux_dask.scopes import Scope, scope_path
@@ -62,7 +63,8 @@ class GraphView:
     longer changes, a thread.  What is computed there reads a view with the
     ``store``; its critical path is computed once per view and shared by the
     components that read it.  ``load`` gives the run's load table, or its columns
-    (:func:`crux_dask.load.load_frame`), where known.
+    (:func:`crux_dask.load.load_frame`), where known; ``functions`` its function table
+    (:class:`~crux_dask.functions.FunctionLog`), read on the event loop.
     """
 
     store: PAGStore | None
@@ -71,6 +73,7 @@ class GraphView:
     analyse: Analyse | None = None
     progress: Progress | None = None
     load: Callable[[], Any] | None = None
+    functions: Callable[[], FunctionLog] | None = None
     _path: CriticalPath | None = None
 
     @classmethod
@@ -89,7 +92,7 @@ class GraphView:
     def with_selection(self, selection: PathSelection) -> GraphView:
         """The same graph, with another path selected."""
         return GraphView(self.store, self.end, selection, self.analyse, self.progress,
-                         self.load)
+                         self.load, self.functions)
 
     def key_groups(self) -> np.ndarray:
         """The task group of every key of the store, by key code (found once per key,
@@ -129,7 +132,8 @@ def live_source(plugin: CruxSchedulerPlugin) -> Source:
     def view() -> GraphView:
         progress = plugin.progress()
         current = GraphView(None, progress.end, analyse=plugin.analyse, progress=progress,
-                            load=plugin.load.log.columns)
+                            load=plugin.load.log.columns,
+                            functions=lambda: plugin.functions.log)
         if latest and latest[0].version == current.version:
             return latest[0]  # unchanged: keep the path already computed
         latest[:] = [current]
@@ -200,6 +204,7 @@ class Runs:
             return None
         pag = read.result()
         view = self._views[run_id] = GraphView.fixed(pag.stores[0], pag.ends[0])
+        view.functions = lambda: self.plugin.functions.log  # the scheduler's, of every run
         return view
 
 
@@ -219,12 +224,17 @@ def chosen_source(live: Source, runs: Runs, choice: RunChoice) -> Source:
     return view
 
 
-def static_source(pag: PAG, run_id: str | None = None, load: Any = None) -> Source:
-    """A recorded graph that no longer changes, with its ``load`` table if given."""
+def static_source(pag: PAG, run_id: str | None = None, load: Any = None,
+                  functions: Any = None) -> Source:
+    """A recorded graph that no longer changes, with its ``load`` and ``functions``
+    tables if given (:func:`crux_dask.read_load`, :func:`crux_dask.read_functions`)."""
     index = pag.run_ids.index(run_id) if run_id else len(pag.run_ids) - 1
     view = GraphView.fixed(pag.stores[index], pag.ends[index])
     if load is not None:
         view.load = lambda: load
+    if functions is not None:
+        log = FunctionLog.of(functions)
+        view.functions = lambda: log
     return lambda: view
 
 

@@ -12,7 +12,7 @@ from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
 from crux_dask.functions import FunctionLog
 
-COLUMNS = ("prefix", "seconds", "share", "steps", "dominant")
+COLUMNS = ("prefix", "seconds", "share", "steps", "dominant", "stragglers")
 
 
 def prefix_columns(view: GraphView) -> dict[str, list]:
@@ -22,11 +22,9 @@ def prefix_columns(view: GraphView) -> dict[str, list]:
 
 
 def function_log(view: GraphView) -> FunctionLog | None:
-    """The function table of the graph ``view`` shows, if it is being recorded: the one
-    of the scheduler plugin whose graph it asks (its ``analyse``); None for a recorded
-    graph."""
-    plugin = getattr(view.analyse, "__self__", None)
-    return getattr(getattr(plugin, "functions", None), "log", None)
+    """The function table of the graph ``view`` shows, where known (see
+    :attr:`GraphView.functions <crux_dask.dashboard.data.GraphView>`)."""
+    return None if view.functions is None else view.functions()
 
 
 class PrefixTable(Component):
@@ -35,8 +33,8 @@ class PrefixTable(Component):
     ``code`` is the code behind the prefix (see
     :meth:`~crux_dask.functions.FunctionLog.prefix_label`): ``file:line
     qualname`` of its first group of the user's code, else the qualified name
-    of its library function.  It is read on the event loop from the function
-    table the scheduler keeps, where the graph is being recorded.
+    of its library function.  It is read on the event loop from the view's
+    function table: the scheduler's, or the one a recorded run was read with.
     """
 
     computer = staticmethod(prefix_columns)
@@ -48,7 +46,8 @@ class PrefixTable(Component):
                               height=300, columns=table_columns(
             ("prefix", "prefix", 150), ("seconds", "on the path (s)", 100, "0.000"),
             ("share", "share", 60, "0.0%"), ("steps", "steps", 50),
-            ("dominant", "mostly", 90), ("code", "code", 200)), **kwargs)
+            ("dominant", "mostly", 90), ("stragglers", "stragglers", 70),
+            ("code", "code", 200)), **kwargs)
 
     def show(self, computed: dict[str, list]) -> None:
         log = function_log(self.data())

@@ -9,16 +9,19 @@ from typing import Any
 __all__ = ["crux_report", "report_html"]
 
 
-def report_html(pag: Any, title: str = "Crux report", load: Any = None) -> str:
+def report_html(pag: Any, title: str = "Crux report", load: Any = None,
+                functions: Any = None) -> str:
     """A self-contained HTML page (Bokeh inlined) with the Crux components of ``pag``,
-    and the advice its ``load`` table supports (:func:`crux_dask.get_load`)."""
+    the advice its ``load`` table supports (:func:`crux_dask.get_load`) and the code
+    behind its prefixes, of its ``functions`` table (:func:`crux_dask.get_functions`)."""
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
     from crux_dask.dashboard.data import static_source
     from crux_dask.dashboard.layout import crux_layout
 
-    _, layout = crux_layout(static_source(pag, load=load), background=False)
+    _, layout = crux_layout(static_source(pag, load=load, functions=functions),
+                            background=False)
     return file_html(layout, INLINE, title)
 
 
@@ -38,4 +41,5 @@ def crux_report(filename: str = "crux-report.html", client: Any = None) -> Itera
     yield
     pag = crux_dask.get_pag(client)
     with open(filename, "w") as f:
-        f.write(report_html(pag, load=crux_dask.get_load(client)))
+        f.write(report_html(pag, load=crux_dask.get_load(client),
+                            functions=crux_dask.get_functions(client)))

@@ -50,8 +50,8 @@ class StepsTable(Component):
     On the path of one computation or span, ``scope`` says ``another`` for a
     step through a task of another one (data it persisted, a thread it held).
     A step's text, hovered, shows the code behind its key's task group
-    (:meth:`~crux_dask.functions.FunctionLog.group_label`), where the graph is
-    being recorded.
+    (:meth:`~crux_dask.functions.FunctionLog.group_label`), where the view has a
+    function table.
     """
 
     computer = staticmethod(steps_columns)

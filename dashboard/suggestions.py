@@ -17,29 +17,32 @@ from distributed.utils import log_errors
 from crux_dask.dashboard.component import Component
 from crux_dask.dashboard.data import GraphView, Source, in_thread
 from crux_dask.dashboard.datatables import table_columns
+from crux_dask.dashboard.scaling import ScalingPlot
 from crux_dask.plugins.host import graph_pieces
 from crux_dask.store import PAGStore
-from crux_dask.wcp import critical_path
 
 # pandas (with the what-if replay) is imported when a replay is asked for: a scheduler
 # that serves no Crux page never loads it (tests/test_layering.py checks it).
 if TYPE_CHECKING:
     import pandas as pd
 
-COLUMNS = ("kind", "change", "why", "predicted", "saved", "saved_share", "path_then")
+    from crux_dask.scaling import Scaling
+
+COLUMNS = ("kind", "change", "why", "predicted", "range", "saved", "saved_share", "path_then")
 #: How much less the process replaying a live run is favoured than the scheduler.
 NICENESS = 10
 
 
-def _suggestions(store: PAGStore, end: int, load: Any) -> pd.DataFrame:
-    """The advice and the ranked changes of the whole run (see
-    :func:`crux_dask.advice.what_to_fix`)."""
-    from crux_dask.advice import what_to_fix
+def _suggestions(store: PAGStore, end: int, load: Any) -> tuple[pd.DataFrame, Scaling]:
+    """The advice and the ranked changes of the whole run, and how many workers are
+    enough (see :func:`crux_dask.advice.fixes`)."""
+    from crux_dask.advice import fixes
 
-    return what_to_fix(store, end, critical_path(store, default_end=end), load)
+    return fixes(store, end, load)
 
 
-def _suggestions_apart(pieces: list[bytes], end: int, load: Any) -> pd.DataFrame:
+def _suggestions_apart(pieces: list[bytes], end: int, load: Any
+                       ) -> tuple[pd.DataFrame, Scaling]:
     """:func:`_suggestions` of the store cut into ``pieces``
     (:meth:`~crux_dask.store.PAGStore.to_pieces`), replayed in a process of its own at a
     lower priority; call it in a thread.
@@ -58,14 +61,14 @@ def _suggestions_apart(pieces: list[bytes], end: int, load: Any) -> pd.DataFrame
     RuntimeError
         If the process ended without an answer.
     """
-    from crux_dask.whatif import suggest_apart
+    from crux_dask.advice import fixes_apart
 
     if multiprocessing.current_process().daemon:  # the graph's own process has no children
         return _suggestions(PAGStore.from_pieces(pieces), end, load)
     context = multiprocessing.get_context("spawn")
     answer, sender = context.Pipe(duplex=False)
     receiver, feeder = context.Pipe(duplex=False)
-    process = context.Process(target=suggest_apart, name="crux-what-if", daemon=True,
+    process = context.Process(target=fixes_apart, name="crux-what-if", daemon=True,
                               args=(receiver, end, NICENESS, sender, load))
     process.start()
     sender.close()  # the child's ends: closed here, so that its exit ends the waits
@@ -75,19 +78,19 @@ def _suggestions_apart(pieces: list[bytes], end: int, load: Any) -> pd.DataFrame
             for piece in pieces:
                 feeder.send_bytes(piece)
             feeder.send_bytes(b"")
-        table, error = answer.recv()
+        fixed, error = answer.recv()
     except EOFError:  # it died: killed, or out of memory
-        table = error = None
+        fixed = error = None
     finally:
         feeder.close()
         answer.close()
         process.join()
     if error is not None:
         raise error
-    if table is None:
+    if fixed is None:
         raise RuntimeError(f"the what-if process ended with code {process.exitcode} "
                            "without an answer")
-    return table
+    return fixed
 
 
 def _replayed(view: GraphView) -> asyncio.Future:
@@ -97,7 +100,7 @@ def _replayed(view: GraphView) -> asyncio.Future:
 
     load = None if view.load is None else view.load()
 
-    async def replayed() -> pd.DataFrame:
+    async def replayed() -> tuple[pd.DataFrame, Scaling]:
         cut = await view.analyse(graph_pieces)
         try:
             pieces = await cut.fetch_all()
@@ -112,10 +115,12 @@ def _replayed(view: GraphView) -> asyncio.Future:
 class SuggestionTable(Component):
     """One row per candidate change of the whole run, most seconds saved first.
 
-    Each row gives the predicted makespan, the seconds and share saved, and
+    Each row gives the predicted makespan (and its range, where the run does not
+    tell whether a label holds the GIL), the seconds and share saved, and
     the labels the path then spends most time in (the path that takes over).
     A line above the table gives the unchanged replay's error, which bounds
-    how far to trust the figures.
+    how far to trust the figures; below it, how many workers are enough
+    (:class:`~.scaling.ScalingPlot`).
 
     Parameters
     ----------
@@ -135,13 +140,15 @@ class SuggestionTable(Component):
         self.table = DataTable(source=self.source, name="crux-suggestions",
                                index_position=None, height=230, columns=table_columns(
             ("kind", "from", 60), ("change", "change", 170), ("why", "why", 330),
-            ("predicted", "predicted (s)", 90, "0.000"),
+            ("predicted", "predicted (s)", 90, "0.000"), ("range", "range (s)", 90),
             ("saved", "saved (s)", 80, "0.000"), ("saved_share", "saved", 60, "0.0%"),
             ("path_then", "the path then spends most in", 330)), **kwargs)
         self.note = Div(text="", name="crux-suggestions-note")
+        self.scaling = ScalingPlot(**kwargs)
         self.root = column(Div(text="<b>What to fix</b>: advice from the path's stages and "
                                     "their load, then the whole run replayed with each "
-                                    "change"), self.note, self.table, **kwargs)
+                                    "change"), self.note, self.table, self.scaling.root,
+                           **kwargs)
         self._seen: tuple | None = None  # the graph at the last update
         self._running: tuple[tuple, Future] | None = None
 
@@ -172,16 +179,21 @@ class SuggestionTable(Component):
         self._show(lambda: _suggestions(view.store, view.end,
                                         None if view.load is None else view.load()))
 
-    def _show(self, suggestions: Callable[[], pd.DataFrame]) -> None:
+    def _show(self, suggestions: Callable[[], tuple[pd.DataFrame, Scaling]]) -> None:
         try:
-            table = suggestions()
+            table, scaling = suggestions()
         except ValueError as error:  # a run without tasks or timing
             self.note.text = f"No suggestions: {html.escape(str(error))}"
             self.source.data = {c: [] for c in COLUMNS}
+            self.scaling.show(None)
             return
+        self.scaling.show(scaling)
         replayed = table["replay_error"].dropna()
         error = float(replayed.iloc[0]) if len(replayed) else 0.0
         self.note.text = (f"The unchanged replay is {abs(error):.1%} "
                           f"{'longer' if error >= 0 else 'shorter'} than the recorded run.")
+        table = table.assign(range=[
+            f"{low:.3f}-{high:.3f}" if high == high else ""
+            for low, high in zip(table["low"], table["high"])])
         self.source.data = {c: (table[c].fillna("") if c in ("why", "path_then")
                                 else table[c]).tolist() for c in COLUMNS}

@@ -55,6 +55,8 @@ from typing import Any
 
 from distributed.worker import thread_state
 
+from crux_dask.plugins.thread_clock import thread_cpu
+
 __all__ = ["FileRecorder"]
 
 #: Recorders by the id of the worker they serve; the wrappers' only way in, and
@@ -267,7 +269,7 @@ class FileRecorder:
         """The task ``key``, run by ``thread``, opens (or moves) ``path`` now."""
         opened = self.by_task.get(key)
         if opened is None:  # its first: when, and its thread's CPU time then
-            self._first[key] = (time.time(), _cpu_seconds(thread), thread)
+            self._first[key] = (time.time(), thread_cpu(thread), thread)
             opened = self.by_task[key] = []
         opened.append(path)
         opened.append(flags)
@@ -289,7 +291,7 @@ class FileRecorder:
         opened_at, cpu_at, thread = first
         io = None
         if stop is not None and cpu_at is not None:
-            cpu = _cpu_seconds(thread)
+            cpu = thread_cpu(thread)
             if cpu is not None:
                 io = max(0.0, (stop - opened_at) - (cpu - cpu_at))
         return io, opened
@@ -344,14 +346,6 @@ class FileRecorder:
 def _normal(path: str) -> bool:
     """Whether ``path`` is absolute and normalized already (what ``abspath`` would give)."""
     return path[:1] == "/" and "/." not in path and "//" not in path and path[-1:] != "/"
-
-
-def _cpu_seconds(thread: int) -> float | None:
-    """The CPU seconds of ``thread`` (a thread identifier) so far; None where unknown."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread))
-    except (OSError, AttributeError, ValueError):
-        return None
 
 
 def _size(path: str) -> int:

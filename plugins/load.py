@@ -4,10 +4,10 @@ own measures.
 Every worker's heartbeat carries its metrics (its system monitor's CPU and,
 where enabled, GIL contention; the mean interval of its event loop's ticks;
 the tasks it is executing); the worker plugin adds its host's cores
-(:data:`~crux_dask.plugins.protocol.CORES_METRIC`).  The scheduler's own CPU and GIL come from its
-system monitor, and its event loop's lag from how late the sampler itself
-runs.  Each new heartbeat becomes one sample of the
-:class:`~crux_dask.load.LoadLog`.
+(:data:`~crux_dask.plugins.protocol.CORES_METRIC`).  The scheduler's own CPU and
+GIL come from its system monitor, the cores of its host from Dask's count, and
+its event loop's lag from how late the sampler itself runs.  Each new heartbeat
+becomes one sample of the :class:`~crux_dask.load.LoadLog`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 import dask
+from dask.system import CPU_COUNT
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.load import SCHEDULER, LoadLog
@@ -59,7 +60,7 @@ class LoadSampler:
         lag = max(now - self._due, 0.0)
         self._due = now + self.interval
         recent = self.scheduler.monitor.recent()
-        self.log.add(SCHEDULER, now, _share(recent.get("cpu")), lag,
+        self.log.add(SCHEDULER, now, _share(recent.get("cpu")), lag, cores=float(CPU_COUNT),
                      gil=_number(recent.get("gil_contention")))
         for address, ws in self.scheduler.workers.items():
             metrics = ws.metrics

@@ -29,12 +29,13 @@ TASKS = "tasks"
 #: the bytes it made, its inputs' keys, its prefix, its ``crux`` annotation (or
 #: None), its priority on the worker (the scheduler's, then the worker's own
 #: generation; or None), when it reached the worker and when all its inputs were
-#: there (or None), and the shards a P2P transfer task split its data into
-#: (``[split time, [[destination, bytes], ...]]``, or None).  Keys are as Dask
+#: there (or None), the shards a P2P transfer task split its data into
+#: (``[split time, [[destination, bytes], ...]]``, or None), and the seconds its
+#: thread spent on a CPU and waited for one while it ran (or None).  Keys are as Dask
 #: names them (msgpack gives a tuple back as an array): the receiver makes
 #: their strings, not the worker.
 REPORT_FIELDS = ("key", "thread", "start", "stop", "nbytes", "inputs", "prefix", "annotation",
-                 "priority", "received", "runnable", "shards")
+                 "priority", "received", "runnable", "shards", "cpu", "cpu_wait")
 #: Where a worker marks, in a task's ``metadata``, that it reports the task when
 #: it finishes: distributed sends the metadata to the scheduler with the task's
 #: completion, which tells the scheduler to record only what it alone knows.
@@ -42,8 +43,9 @@ REPORTED = "crux-reported"
 #: A task that opened files is not reported: the scheduler records it whole, in
 #: the order tasks finish across workers, which a file read after it was written
 #: elsewhere must keep.  Its worker leaves in its ``metadata``, the same way,
-#: the task's moments and the shift from distributed's clock estimate to its own
-#: (``[received, runnable, shift]``: see :mod:`crux_dask.plugins.clock`) here,
+#: the task's moments, the shift from distributed's clock estimate to its own (see
+#: :mod:`crux_dask.plugins.clock`) and its CPU seconds and wait for a core
+#: (``[received, runnable, shift, cpu, cpu_wait]``) here,
 TIMES = "crux"
 #: the files it opened (``[io seconds or None, host, [[path, written, size],
 #: ...]]``; for a task that opened many, whose sizes are taken after its

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from crux_dask.plugins.batches import EventBatches
 from crux_dask.plugins.files import FileRecorder
 from crux_dask.plugins.protocol import FILES, FOLLOW, REPORTED, SHARDS, TIMES, key_string
+from crux_dask.plugins.thread_clock import ThreadClocks
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -57,6 +59,32 @@ class TaskReports(EventBatches):
     capture: dict[str, Any]
     file_patterns: tuple[Any, Any]
     shards: ShardRecorder | None
+
+    def _start_cpu(self) -> None:
+        """Read the clocks of every thread there is: a task's CPU seconds, and its wait
+        for a core, are its thread's since the task before it there (or since now)."""
+        self._loop_thread = threading.get_ident()  # coroutine tasks run here: not theirs
+        self._clocks = ThreadClocks()
+
+    def _cpu(self, key: Any, thread: Any, wall: float) -> tuple[float | None, float | None]:
+        """The CPU seconds, and the wait for a core, of the task ``key`` that ``thread``
+        finished now, which ran for ``wall`` seconds: the thread's since it finished
+        the one before; None where they cannot be read.
+
+        The worker may have started its next task on the thread before this one's
+        end reached its event loop (when another's did first): that task's seconds
+        so far are then in these, which are at most the run's, and its own are not
+        known.
+        """
+        if type(thread) is not int or thread == self._loop_thread:
+            return None, None
+        running = self.worker.active_threads.get(thread)
+        busy = running is not None and running != key
+        cpu, waited = self._clocks.since(thread, busy)
+        if busy:
+            cpu = None if cpu is None else min(cpu, wall)
+            waited = None if waited is None else min(waited, wall - (cpu or 0.0))
+        return cpu, waited
 
     def _start_files(self, worker: Worker) -> None:
         """Watch the files tasks open, if they are captured; none being sized."""
@@ -93,6 +121,8 @@ class TaskReports(EventBatches):
         else:
             start += shift
             stop += shift
+        thread = worker.threads.get(key)
+        cpu, cpu_wait = self._cpu(key, thread, stop - start)
         shards = self.shards
         made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
         if files is not None and key in files.by_task:
@@ -103,7 +133,7 @@ class TaskReports(EventBatches):
                 # the start and stop as distributed converted them: the shift goes too.
                 metadata = ts.metadata
                 metadata.pop(REPORTED, None)
-                metadata[TIMES] = (moments[0], moments[1], shift)
+                metadata[TIMES] = (moments[0], moments[1], shift, cpu, cpu_wait)
                 metadata[FILES] = opened
                 if made is not None:
                     metadata[SHARDS] = made
@@ -112,10 +142,10 @@ class TaskReports(EventBatches):
         # Packed now, while what it holds is in the processor's cache: packed with the
         # batch, a fraction of a second later, packing took up to half as long again.
         self.reports.append(self._packer.pack([  # keys as they are: the scheduler makes strings
-            key, worker.threads.get(key), start, stop, ts.nbytes or 0,
+            key, thread, start, stop, ts.nbytes or 0,
             [dts.key for dts in ts.dependencies], ts.prefix,
             annotations.get("crux") if annotations else None, ts.priority,
-            moments[0], moments[1], made,
+            moments[0], moments[1], made, cpu, cpu_wait,
         ]))
         self.counts["events_recorded"] += 1
         if len(self.reports) > self.max_buffered_events:

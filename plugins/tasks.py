@@ -67,6 +67,8 @@ class Finished(NamedTuple):
     shards: Any = None
     sent: tuple | None = None
     announced: float | None = None
+    cpu: float | None = None
+    cpu_wait: float | None = None
 
 
 def scheduler_task(entry: Whole) -> Finished:
@@ -85,13 +87,13 @@ def scheduler_task(entry: Whole) -> Finished:
                                   metadata.get(SHARDS))
     else:
         moments = files = shards = None
-    received, runnable, shift = _moments(moments)
+    received, runnable, shift, cpu, cpu_wait = _moments(moments)
     if shift is not None and stop is not None:
         start, stop = start + shift, stop + shift
     return Finished(key_string(key), finish == "erred", worker, thread, start, stop,
                     nbytes or 0, tuple(key_string(d) for d in dependencies), prefix, group,
                     annotation, priority, received, runnable, files, shards,
-                    announced=entry.time)
+                    announced=entry.time, cpu=cpu, cpu_wait=cpu_wait)
 
 
 def reported_task(row: Any, worker: str) -> Finished:
@@ -108,7 +110,7 @@ def reported_task(row: Any, worker: str) -> Finished:
     if not (isinstance(row, (list, tuple)) and len(row) == len(REPORT_FIELDS)):
         raise ValueError(f"a task's report is an array of {len(REPORT_FIELDS)} fields")
     (key, thread, start, stop, nbytes, inputs, prefix, annotation, priority,
-     received, runnable, shards) = row
+     received, runnable, shards, cpu, cpu_wait) = row
     key = _as_key(key)
     if not _is_key(key):
         raise ValueError(f"a reported task's key must be a Dask key, got {key!r:.80}")
@@ -121,13 +123,15 @@ def reported_task(row: Any, worker: str) -> Finished:
         raise ValueError(f"task {key!r}: inputs must be an array of keys")
     if thread is not None and type(thread) is not int:
         raise ValueError(f"task {key!r}: thread must be an integer or None")
-    received, runnable, _ = _moments((received, runnable))
+    received, runnable, *_ = _moments((received, runnable))
     if isinstance(priority, list) and priority:  # the worker adds its generation
         priority = tuple(priority[:-1])
     return Finished(key_string(key), False, worker, thread, start, stop, nbytes,
                     tuple(inputs),
                     prefix if type(prefix) is str else None, key_split_group(key), annotation,
-                    priority, received, runnable, None, shards)
+                    priority, received, runnable, None, shards,
+                    cpu=cpu if _is_seconds(cpu) else None,
+                    cpu_wait=cpu_wait if _is_seconds(cpu_wait) else None)
 
 
 def task_events(task: Finished, roots: Mapping[int, int] | None = None,
@@ -170,7 +174,8 @@ def task_events(task: Finished, roots: Mapping[int, int] | None = None,
     compute = ("compute", name, worker, task.thread, start, stop, 0 if erred else task.nbytes,
                inputs, root, label or task.prefix, task.group, kind, location,
                "erred" if erred else None, reads, sent_at, task.received, task.runnable,
-               freed_key, freed_on, priority_number(task.priority), io, first, task.announced)
+               freed_key, freed_on, priority_number(task.priority), io, first, task.announced,
+               task.cpu, task.cpu_wait)
     shards = task.shards
     split, made = (stop, ()) if erred or told or shards is None else _shards(shards, start,
                                                                               stop)
@@ -245,15 +250,17 @@ def _shards(shards: Any, start: float, stop: float) -> tuple[float, list[tuple[s
     return split, made
 
 
-def _moments(moments: Any) -> tuple[float | None, float | None, float | None]:
-    """``(received, runnable[, shift])`` as a worker recorded them: times, or None; the
-    shift from distributed's clock estimate to the worker's, if given."""
-    if not (isinstance(moments, (list, tuple)) and len(moments) in (2, 3)):
-        return None, None, None
-    received, runnable, *shift = moments
+def _moments(moments: Any) -> tuple[float | None, ...]:
+    """``(received, runnable[, shift[, cpu, cpu_wait]])`` as a worker recorded them:
+    times, or None; the shift from distributed's clock estimate to the worker's and the
+    task's CPU seconds and wait for a core, if given."""
+    if not (isinstance(moments, (list, tuple)) and 2 <= len(moments) <= 5):
+        return None, None, None, None, None
+    received, runnable, shift, cpu, cpu_wait = (*moments, None, None, None)[:5]
     return (received if _is_time(received) else None,
             runnable if _is_time(runnable) else None,
-            shift[0] if shift and _is_time(shift[0]) else None)
+            shift if _is_time(shift) else None, cpu if _is_seconds(cpu) else None,
+            cpu_wait if _is_seconds(cpu_wait) else None)
 
 
 def _as_key(value: Any) -> Any:
@@ -278,3 +285,7 @@ def _is_key(value: Any) -> bool:
 
 def _is_time(value: Any) -> bool:
     return type(value) is float and math.isfinite(value)
+
+
+def _is_seconds(value: Any) -> bool:
+    return type(value) is float and 0.0 <= value < math.inf

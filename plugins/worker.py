@@ -124,6 +124,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
         self._deletes = bool(self.capture.get("deletes", True))
         self._start_data(worker)
         self._start_files(worker)
+        self._start_cpu()
         self.shards: ShardRecorder | None = None
         if self.capture.get("shuffles", True):
             self.shards = ShardRecorder(worker, self._record, self._now)
@@ -157,6 +158,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
         if self.shards is not None:
             self.shards.stop()
         self._unhook_spill()
+        self._clocks.close()
         if self._transfers:
             self._poll_gathers()
         if (self.buffer or self.reports or self._files_out or self._sizing) and (

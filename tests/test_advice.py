@@ -66,8 +66,13 @@ def test_thousands_of_tiny_tasks_are_told_to_be_larger(one_worker):
     assert sum(stages.values()) > path.breakdown["compute"], path.summary()
     assert tasks[list(stages)].sum(axis=1).median() > tasks["busy"].median()
     advice = advise(path, crux_dask.get_load(client))
-    assert "larger tasks" in advice["advice"].iloc[0], advice.to_string()
-    assert "median task computes" in advice["why"].iloc[0]
+    # Advice the load supports besides may rank first (the GIL the worker's two threads
+    # waited for, on a busy machine); larger tasks is given, for more of the path than
+    # its tasks computed.
+    larger = advice[advice["advice"].str.contains("larger tasks")]
+    assert len(larger) == 1, advice.to_string()
+    assert "median task computes" in larger["why"].iloc[0]
+    assert larger["share"].iloc[0] > path.breakdown["compute"] / path.length
 
 
 def test_a_slowed_scheduler_is_told_to_have_fewer_tasks(one_worker):

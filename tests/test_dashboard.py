@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import html
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 import crux_dask
 from crux_dask import PAGBuilder
+from crux_dask.advice import SCALING_SHAPES
 from crux_dask.dashboard.breakdown import Breakdown
 from crux_dask.dashboard.data import live_source, static_source
 from crux_dask.dashboard.off_loop import OffLoop
@@ -35,7 +37,7 @@ from crux_dask.dashboard.report import report_html
 from crux_dask.dashboard.steps import StepsTable, steps_columns
 from crux_dask.dashboard.suggestions import SuggestionTable, _suggestions, _suggestions_apart
 from crux_dask.dashboard.timeline import WCPTimeline
-from crux_dask.load import LoadLog
+from crux_dask.load import LoadLog, load_frame
 
 from workloads import chain
 
@@ -272,9 +274,11 @@ def test_the_live_replay_runs_in_a_process_of_its_own():
     log = LoadLog()
     log.add("scheduler", 1.5, 0.99, 0.2)
     load = log.columns()  # travels with the graph
-    expected = _suggestions(store, end, load)
-    replayed = _suggestions_apart(store.to_pieces(), end, load)
+    expected, expected_shapes = _suggestions(store, end, load)
+    replayed, shapes = _suggestions_apart(store.to_pieces(), end, load)
     pd.testing.assert_frame_equal(replayed, expected)
+    pd.testing.assert_frame_equal(shapes.table, expected_shapes.table)
+    assert shapes.summary() == expected_shapes.summary()
     with pytest.raises(ValueError, match="no task"):
         _suggestions_apart(PAGBuilder().store.to_pieces(), -1, None)
     with pytest.raises(RuntimeError, match="without an answer"):
@@ -312,6 +316,24 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
         assert replayed["saved"].tolist() == pytest.approx(expected["saved"].tolist())
         assert "left" in replayed["path_then"][0]  # the slow task stays on the path
         assert "unchanged replay" in table.note.text
+        # How many workers are enough: each shape's prediction drawn as the PAG predicts it.
+        # (With the load the replay read and the samples since, which may move a host's
+        # background by a little.)
+        view = live_source(s.plugins["crux"])()
+        scaling = recorded.scaling(*SCALING_SHAPES, load=load_frame(
+            None if view.load is None else view.load()))
+        for threads, line in table.scaling.lines.items():
+            shapes = scaling.table[scaling.table["threads"] == threads]
+            assert line.data["workers"] == shapes["workers"].tolist() == list(
+                SCALING_SHAPES[0])
+            assert line.data["predicted"] == pytest.approx(shapes["predicted"].tolist(),
+                                                           rel=1e-3)
+            assert line.data["total"] == (shapes["workers"] * threads).tolist()
+        enough = scaling.table[scaling.table["enough"]]
+        assert table.scaling.enough.data["workers"] == enough["workers"].tolist()
+        assert table.scaling.recorded.location == pytest.approx(scaling.recorded)
+        named = scaling.summary().split(":")[0]  # "2 workers × 1 thread are enough"
+        assert table.scaling.note.text.startswith(html.escape(named) + ":")
         # Another computation: its states come after every state the table saw (waiting
         # for any new state could find one of the first computation's, arrived late).
         await c.compute(dask.delayed(time.sleep)(0.05, dask_key_name="later"))
@@ -671,6 +693,11 @@ def test_report_is_standalone_html(tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert "Workflow critical path" in html and "crux-timeline" in html
     assert "crux-suggestions" in html and "left 2x faster" in html  # the slow task first
+    assert "crux-scaling" in html and "How many workers are enough" in html
+    work = next(code for code in diamond.__code__.co_consts if getattr(code, "co_name", "")
+                == "work")  # the code behind every prefix: this file's function
+    # (in the page's JSON, where Bokeh escapes "<" and ">")
+    assert f'"test_dashboard.py:{work.co_firstlineno} diamond.&lt;locals&gt;.work"' in html
     assert "cdn.bokeh.org" not in html  # Bokeh is inlined: no server, no network
 
 
@@ -843,6 +870,20 @@ def test_browser_follows_the_crux_tab_and_sees_every_step(tmp_path, monkeypatch,
                 return false;"""), "the what-to-fix table stayed empty")
         expected = crux_dask.get_pag(c).suggest()
         assert changes == expected[expected["kind"] == "what-if"]["change"].tolist()
+        # How many workers are enough, drawn in the browser: a point per shape, and the star.
+        points = driver.execute_script("""
+            for (const doc of Bokeh.documents) {
+                const plot = doc.get_model_by_name('crux-scaling');
+                if (plot) {
+                    return plot.renderers.filter((r) => r.glyph.type == 'Scatter').map(
+                        (r) => Array.from(r.data_source.data.workers));
+                }
+            }
+            return null;""")
+        shapes = crux_dask.get_pag(c).scaling(*SCALING_SHAPES).table
+        assert points[:-1] == [shapes[shapes["threads"] == t]["workers"].tolist()
+                               for t in SCALING_SHAPES[1]]
+        assert len(points[-1]) == 1  # the shape that is enough
         driver.save_screenshot(str(tmp_path / "crux-tab.png"))
         assert console_errors(driver) == []
 

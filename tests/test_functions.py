@@ -226,6 +226,32 @@ async def test_the_dashboard_shows_the_code_behind_prefixes_and_steps(c, s, a, b
     assert f'{{"double": "{label}"}}' in key.formatter.template
 
 
+def test_a_recorded_run_s_reports_show_the_code_behind_its_prefixes(crux_client, tmp_path):
+    # The CLI's report of the exported run, and the HTML report of the live one: the
+    # prefix double's code is this file's function, as inspect locates it.
+    from click.testing import CliRunner
+
+    from crux_dask.cli import main
+    from crux_dask.dashboard.report import report_html
+
+    chain = dask.delayed(double)(1, dask_key_name=("double", 0))
+    for i in range(1, 4):
+        chain = dask.delayed(double)(chain, dask_key_name=("double", i))
+    assert dask.compute(chain)[0] == 16
+    label = f"{os.path.basename(__file__)}:{inspect.getsourcelines(double)[1]} double"
+    path = crux_dask.export_parquet(crux_client, tmp_path / "runs")
+    done = CliRunner().invoke(main, ["report", str(path)])
+    assert done.exit_code == 0, done.output
+    table = done.output.split("by prefix:\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].split()[-1] == "code"
+    (row,) = [line for line in table if line.split()[:1] == ["double"]]
+    assert row.endswith(label)
+    html = report_html(crux_dask.get_pag(crux_client),
+                       functions=crux_dask.get_functions(crux_client))
+    assert f'"{label}"' in html  # in the by-prefix table's data
+    assert f'"{label}"' not in report_html(crux_dask.get_pag(crux_client))
+
+
 def test_the_table_is_exported_and_read_back_unchanged(crux_client, tmp_path):
     client = crux_client
     frame = pd.DataFrame({"a": range(40)})

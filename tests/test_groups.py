@@ -24,6 +24,8 @@ from distributed.utils import key_split_group
 from test_causes import add_task_stream, task_stream
 
 import crux_dask
+from crux_dask.dashboard.data import static_source
+from crux_dask.dashboard.prefixes import PrefixTable
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.groups import (
     FLAG_COLUMNS,
@@ -126,6 +128,10 @@ def test_a_task_that_sleeps_longer_with_its_siblings_bytes_is_slow_not_skew(two_
     assert flagged.share == pytest.approx(flagged.cost / path.length)
     by_prefix = path.by_prefix().set_index("prefix")
     assert by_prefix.loc["nap", "stragglers"] == 1
+    table = PrefixTable(static_source(crux_dask.get_pag(client)))  # the dashboard's
+    table.update()
+    shown = dict(zip(table.source.data["prefix"], table.source.data["stragglers"]))
+    assert shown == by_prefix["stragglers"].to_dict() and shown["nap"] == 1
     assert "('nap', 2): " in path.summary() and "slow" in path.summary()
     # The advice for a slow task names it and where it ran.
     advice = crux_dask.get_pag(client).suggest()

@@ -149,7 +149,8 @@ def test_report_and_trace(tmp_path):
     # The by-prefix table: each prefix on the path with its seconds, most first.
     expected = read_dataset(path).wcp().by_prefix()
     table = result.output.split("by prefix:\n")[1].splitlines()
-    assert table[0].split() == ["prefix", "seconds", "share", "steps", "dominant", "stragglers"]
+    assert table[0].split() == ["prefix", "seconds", "share", "steps", "dominant", "stragglers",
+                                "code"]  # the code behind each, from the functions table
     assert [line.split()[0] for line in table[1:1 + len(expected)]] == expected[
         "prefix"].tolist()
 

@@ -8,7 +8,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from distributed import Client, wait
+from distributed import Client, LocalCluster, wait
 from distributed.utils_test import async_poll_for
 
 import crux_dask
@@ -397,3 +397,23 @@ def test_a_shuffle_whose_worker_dies_leaves_a_consistent_graph(crux_client):
     path = crux_dask.get_wcp(crux_client, computation=-1)
     assert path.length > 0
     assert sum(path.breakdown.values()) == pytest.approx(path.length, abs=1e-6)
+
+
+def test_what_to_fix_a_hash_join_whose_path_runs_through_its_shards():
+    # The run is the join alone (a cluster of its own), so the path suggest() replays
+    # is the join's; its top labels include the shards', which is no task prefix to
+    # speed up.
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        dask.compute(WORKLOADS["hash join"]())
+        pag = crux_dask.get_pag(client)
+        steps = pag.wcp().to_frame()
+        assert (steps["label"] == SHARDS_LABEL).any(), steps.to_string()
+        suggested = pag.suggest(load=crux_dask.get_load(client))
+    changes = suggested[suggested["kind"] == "what-if"]
+    assert len(changes) >= 3 and np.isfinite(changes["predicted"]).all()
+    assert not changes["change"].str.contains(SHARDS_LABEL, regex=False).any()
+    speedups = changes[changes["change"].str.endswith(" 2x faster")]
+    assert len(speedups) and set(speedups["change"].str.removesuffix(" 2x faster")) <= set(
+        pag.states["label"])

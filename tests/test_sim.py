@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -16,9 +17,17 @@ from crux_dask.sim_workflows import CASES, SimConfig, atoms, build_case, replay,
 
 @pytest.fixture
 def client():
-    with LocalCluster(n_workers=2, threads_per_worker=24, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as c:
-        yield c
+    # The cluster runs in this process: a full garbage collection of the whole test
+    # session's heap holds the GIL for up to a second, which the tasks waiting on
+    # their sleeps then wait for too, and the path measures it.  It is not the
+    # case's work: no collection while a case runs.
+    gc.disable()
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=24, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as c:
+            yield c
+    finally:
+        gc.enable()
 
 
 def is_subsequence(wanted: list[str], keys: list[str]) -> bool:

@@ -191,8 +191,8 @@ def test_a_predicted_run_ends_through_the_output_computed_last():
 
 def test_suggestions_rank_the_prefix_on_the_path_first():
     table = main_and_side().suggest()
-    assert list(table.columns) == ["kind", "change", "why", "path_share", "predicted",
-                                   "saved", "saved_share", "replay_error", "path_then"]
+    assert list(table.columns) == ["kind", "change", "why", "path_share", "predicted", "low",
+                                   "high", "saved", "saved_share", "replay_error", "path_then"]
     assert set(table["kind"]) == {"what-if"}  # no moments, no load: no advice
     assert table["change"].iloc[0] == "main 2x faster"
     assert table["saved"].is_monotonic_decreasing

@@ -203,7 +203,8 @@ class PAGBuilder:
                 runnable: float | None = None, released_by: str | None = None,
                 released_on: str | None = None, priority: float | None = None,
                 io: float | None = None, first_requested: float | None = None,
-                announced: float | None = None, now: float = 0.0) -> int | None:
+                announced: float | None = None, cpu: float | None = None,
+                cpu_wait: float | None = None, now: float = 0.0) -> int | None:
         """A task computed; the fields are those of :class:`~crux_dask.events.Compute`.
 
         ``kind`` is the event's ``mutation`` field.
@@ -211,7 +212,8 @@ class PAGBuilder:
         return handlers.compute(self, Compute(
             "compute", key, worker, thread, start, stop, nbytes, tuple(inputs), root, label,
             group, kind, location, origin, tuple(reads) if reads else None, sent, received,
-            runnable, released_by, released_on, priority, io, first_requested, announced), now)
+            runnable, released_by, released_on, priority, io, first_requested, announced, cpu,
+            cpu_wait), now)
 
     def transfer(self, key: str, source: str, destination: str, start: float, stop: float,
                  nbytes: int | None = None, *, now: float = 0.0) -> int | None:
@@ -290,7 +292,9 @@ class PAGBuilder:
         store.state_io.append(moments[4])
         store.state_first_requested.append(moments[5])
         store.state_announced.append(moments[6])
-        store.state_submitted.append(moments[7])
+        store.state_cpu.append(moments[7])
+        store.state_cpu_wait.append(moments[8])
+        store.state_submitted.append(moments[9])
         store.state_cause.append(-1)
         store.state_time.append(time)
         store.state_start.append(start)

@@ -62,7 +62,8 @@ def compute(builder: PAGBuilder, event: Any, now: float = 0.0) -> int | None:
         index(e.thread)
     moments = (rules.moment(e.sent), rules.moment(e.received), rules.moment(e.runnable),
                rules.moment(e.priority), rules.moment(e.io),
-               rules.moment(e.first_requested), rules.moment(e.announced),
+               rules.moment(e.first_requested), rules.moment(e.announced), rules.moment(e.cpu),
+               rules.moment(e.cpu_wait),
                builder.submitted(e.root))
     kind = None if e.mutation is None else int(MutationKind.parse(e.mutation))
     memory = builder.places.memory_of(e.worker)

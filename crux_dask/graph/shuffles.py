@@ -217,7 +217,7 @@ def shard(builder: PAGBuilder, event: Any, now: float) -> int | None:
     moments = tuple(column[task] for column in (
         store.state_requested, store.state_received, store.state_runnable,
         store.state_priority, store.state_io, store.state_first_requested,
-        store.state_announced, store.state_submitted))
+        store.state_announced, store.state_cpu, store.state_cpu_wait, store.state_submitted))
     sid = builder.new_state(code, memory, places.worker[memory], None, e.nbytes, e.start,
                             e.stop, e.stop, sources or [task], _SPLIT, busy, moments)
     shuffles = builder.shuffles

@@ -310,6 +310,7 @@ class Window:
                   "root": c["root"][keep_c], "requested": columns.requested[at_c],
                   "received": columns.received[at_c], "runnable": columns.runnable[at_c],
                   "priority": columns.priority[at_c], "announced": columns.announced[at_c],
+                  "cpu": columns.cpu[at_c], "cpu_wait": columns.cpu_wait[at_c],
                   "submitted": np.array([time_of[r] if r in roots else np.nan
                                          for r in columns.root[at_c].tolist()])}
         self.t = {"start": columns.start[at_t], "stop": columns.stop[at_t],

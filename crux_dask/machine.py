@@ -1,0 +1,249 @@
+"""The machine of a recorded run: its hosts' cores, the work besides, each label's GIL share.
+
+What the what-if's sharing of cores and GIL (:mod:`crux_dask.sharing`) needs,
+as the run tells it:
+
+* **CPU seconds**: each task's, from its thread's CPU clock (``cpu`` of the
+  moments), and its wait for a core (``cpu_wait``); a task without them
+  (recorded before they were) competes for nothing, as in a replay that
+  ignores the machine.
+* **Cores**: as Dask counts them on each worker's host (``cores`` of the
+  load: the process's CPU affinity and cgroup quota, not only the host's
+  processors; on a run on one host whose workers sent no heartbeat since
+  Crux started, the scheduler's count).  The work besides the tasks is what
+  the load measures: the scheduler's process on a run on one host, and each
+  worker's process besides its tasks' threads (its event loop, its
+  transfers).  A task's wait for a core is taken out of its seconds as far as
+  that work and the tasks running with it explain it (:func:`core_waits`);
+  the rest (a program the load does not see, a burst) stays in them.
+* **The GIL**: distributed's GIL contention monitor (``gil`` of the load,
+  where ``gilknocker`` is installed) says how much of each half second a
+  worker's GIL was held; over the samples whose tasks were mostly of one
+  label, it gives that label's share (:func:`gil_shares`).  Tasks of one
+  label that ran on the CPU at once on one worker bound it
+  (:func:`gil_most`).  A label with no sample has no evidence: the what-if
+  plays it holding the GIL and releasing it, and predicts the range between.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from crux_dask.load import SCHEDULER
+from crux_dask.sharing import Sharing, intervals, recorded, task_cpu
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from crux_dask.replay import Run
+
+__all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "machine_of"]
+
+#: The GIL contention distributed's monitor reads of a worker whose GIL a task holds
+#: all the time: its probe asks for the GIL every millisecond (its default
+#: polling interval) and waits for the holder to let go, which CPython asks of it
+#: after its switch interval (5 ms): 5 / (5 + 1).
+KNOCK_WAIT = 0.005 / (0.005 + 0.001)
+#: The seconds before a load sample that its GIL contention may cover: distributed's
+#: system monitor measures it over its update interval (500 ms), and the worker
+#: sends the last one with its heartbeat, up to another interval later.
+SAMPLE_SECONDS = 1.0
+#: CPU seconds below which a task's wait for a core says nothing of its host.
+WAIT_CPU = 0.001
+#: A sample tells a label's GIL share when the label's tasks made most of the CPU
+#: demand of its window, and that demand was at least this share of one core.
+EVIDENCE_SHARE = 0.8
+EVIDENCE_DEMAND = 0.3
+
+
+@dataclass
+class Machine:
+    """The hosts of a run's workers, their cores, and the GIL share of each label.
+
+    Attributes
+    ----------
+    host : list of int
+        The host of each recorded worker (index into ``cores``).
+    cores : list of float
+        Cores of each host (``inf``: not known, no limit).
+    background : list of float
+        Cores each host spends on other work than the tasks.
+    gil : numpy.ndarray
+        Per label code: the share of its tasks' CPU time that holds the GIL
+        (NaN: the run has no evidence).
+    gil_most : numpy.ndarray
+        Per label code: the most that share can be (:func:`gil_most`).
+    """
+
+    host: list[int]
+    cores: list[float]
+    background: list[float]
+    gil: np.ndarray
+    gil_most: np.ndarray
+
+    def sharing(self, workers: int, density: np.ndarray, gil: np.ndarray,
+                background: list[float]) -> Sharing | None:
+        """What ``workers`` workers share, running tasks of these densities and GIL shares,
+        with the ``background`` of each host; None where no task uses the CPU (a run
+        recorded without CPU seconds): tasks then compete for nothing.
+
+        The recorded workers stay on their hosts; workers added join the
+        host of a run on one host (a local cluster grows on its machine),
+        else each comes on a new host like the first one.
+        """
+        if not density.any():
+            return None
+        hosts, cores, background = list(self.host[:workers]), list(self.cores), list(
+            background)
+        while len(hosts) < workers:
+            if len(set(self.host)) == 1:
+                hosts.append(self.host[0])
+            else:
+                cores.append(cores[self.host[0]])
+                background.append(0.0)
+                hosts.append(len(cores) - 1)
+        return Sharing(hosts, cores, background, density.tolist(), gil.tolist())
+
+
+def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
+    """The machine of ``run`` as its ``load`` (:data:`~crux_dask.load.LOAD_COLUMNS`) tells
+    it: no limit on cores and no evidence of the GIL without one."""
+    names = [_host(worker) for worker in run.workers]
+    hosts = list(dict.fromkeys(names))
+    host = [hosts.index(name) for name in names]
+    cores = [math.inf] * len(hosts)
+    background = [0.0] * len(hosts)
+    n_labels = len(run.store.labels)
+    most = gil_most(run, n_labels)
+    if load is None or not len(load):
+        return Machine(host, cores, background, np.full(n_labels, np.nan), most)
+    during = _during(load, run.origin, run.origin + run.makespan)
+    for worker, h in zip(run.workers, host):
+        counted = load.loc[load["process"] == worker, "cores"].dropna()
+        if len(counted):
+            cores[h] = float(counted.max())
+    if len(hosts) == 1 and math.isinf(cores[0]):  # a local cluster, no heartbeat since
+        counted = load.loc[load["process"] == SCHEDULER, "cores"].dropna()  # Crux's start
+        if len(counted):
+            cores[0] = float(counted.max())
+    if len(hosts) == 1:  # a local cluster: the scheduler's process shares the host
+        background[0] = _mean_cpu(during, SCHEDULER)
+    cpu = task_cpu(run)
+    for w, (worker, h) in enumerate(zip(run.workers, host)):
+        tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
+        background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
+    return Machine(host, cores, background, gil_shares(run, during, n_labels), most)
+
+
+def gil_most(run: Run, n_labels: int) -> np.ndarray:
+    """The most of each label's CPU time that can hold the GIL, as its tasks' runs on one
+    worker at once tell it: one GIL holds for one task at a time, so tasks of one label
+    that ran together on the CPU for ``k`` cores' worth held it for ``1 / k`` of that at
+    most.  1 for a label whose tasks never ran together."""
+    begin, end, density = recorded(run)
+    most = np.ones(n_labels)
+    for w in np.unique(run.worker).tolist():
+        mine = np.flatnonzero(run.worker == w)
+        for _, _, running in intervals(begin[mine], end[mine]):
+            labels = {int(run.label[mine[i]]) for i in running}
+            asked = sum(density[mine[i]] for i in running)
+            if len(running) > 1 and len(labels) == 1 and asked > 1.0:
+                (label,) = labels
+                most[label] = min(most[label], 1.0 / asked)
+    return most
+
+
+def gil_shares(run: Run, load: pd.DataFrame, n_labels: int) -> np.ndarray:
+    """The GIL share of each label, from the workers' GIL contention samples (NaN: none).
+
+    A sample covers the :data:`SAMPLE_SECONDS` before it on its worker; the
+    tasks running then ask for CPU in proportion to their overlap with it and
+    their density.  A sample whose demand is mostly one label's says that the
+    label held the GIL for ``contention / KNOCK_WAIT`` of the time its
+    demand was on the CPU; a label's share is the median over its samples.
+    A sample that may cover the time before the worker's first task (the
+    worker unpacking the graph, a library's first call) says nothing.
+    """
+    found: dict[int, list[float]] = {}
+    begin, end, density = recorded(run)
+    for w, worker in enumerate(run.workers):
+        samples = load[(load["process"] == worker) & load["gil"].notna()]
+        mine = np.flatnonzero(run.worker == w)
+        if not len(mine):
+            continue
+        first = begin[mine].min()
+        for when, contention in zip(samples["time"].to_numpy() - run.origin,
+                                    samples["gil"].to_numpy()):
+            if when - SAMPLE_SECONDS < first:
+                continue
+            overlap = (np.minimum(end[mine], when) - np.maximum(begin[mine], when
+                                                                  - SAMPLE_SECONDS))
+            inside = overlap > 0
+            if not inside.any():
+                continue
+            demand = np.bincount(run.label[mine][inside],
+                                 overlap[inside] * density[mine][inside], n_labels)
+            total = demand.sum() / SAMPLE_SECONDS
+            top = int(demand.argmax())
+            if total >= EVIDENCE_DEMAND and demand[top] >= EVIDENCE_SHARE * demand.sum():
+                found.setdefault(top, []).append(
+                    min(1.0, contention / KNOCK_WAIT / min(total, 1.0)))
+    shares = np.full(n_labels, np.nan)
+    for label, values in found.items():
+        shares[label] = float(np.median(values))
+    return shares
+
+
+def core_waits(run: Run, machine: Machine) -> np.ndarray:
+    """Each task's wait for a core as far as its host's cores explain it: the tasks
+    running with it wanted, over their runs, their CPU seconds and waits, and the
+    host's other work its background; where together they asked for more than its
+    cores, each had its share of them, and waited the rest.  What its thread's
+    clock measured beyond that stays in its seconds."""
+    begin, end, _ = recorded(run)
+    cpu = task_cpu(run)
+    waited = np.nan_to_num(run.store.column("state_cpu_wait", run.state), nan=0.0)
+    host = np.asarray(machine.host)[run.worker]
+    explained = np.zeros(run.n_tasks)
+    for h, cores in enumerate(machine.cores):
+        mine = np.flatnonzero(host == h)
+        if not math.isfinite(cores) or not len(mine):
+            continue
+        wanted = (cpu[mine] + waited[mine]) / np.maximum(end[mine] - begin[mine], WAIT_CPU)
+        asked = _demand(begin[mine], end[mine], wanted) + machine.background[h]
+        explained[mine] = np.minimum(waited[mine],
+                                     cpu[mine] * np.maximum(asked / cores - 1.0, 0.0))
+    return explained
+
+
+def _demand(begin: np.ndarray, end: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The mean, over each task's run, of the cores the tasks running then wanted."""
+    area = np.zeros(len(begin))
+    for since, until, running in intervals(begin, end):
+        area[running] += (until - since) * wanted[running].sum()
+    return np.divide(area, end - begin, out=wanted.copy(), where=end > begin)
+
+
+def _during(load: pd.DataFrame, begin: float, end: float) -> pd.DataFrame:
+    """The samples of each process that measured the time from ``begin`` to ``end``: those
+    taken then, and its first one after (each measures the time since the one before:
+    a run shorter than the interval between two has no other)."""
+    after = load[load["time"] > end].groupby("process")["time"].min()
+    last = load["process"].map(after).fillna(end)
+    return load[(load["time"] >= begin) & (load["time"] <= last)]
+
+
+def _mean_cpu(load: pd.DataFrame, process: str) -> float:
+    """The mean cores ``process`` used over these load samples (0 without any)."""
+    used = load.loc[load["process"] == process, "cpu"].dropna()
+    return float(used.mean()) if len(used) else 0.0
+
+
+def _host(address: str) -> str:
+    """The host of a worker's address (``tcp://10.0.0.1:4000`` -> ``10.0.0.1``)."""
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest

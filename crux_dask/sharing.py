@@ -1,0 +1,241 @@
+"""How tasks running at once share the machine: the cores of a host, the GIL of a worker.
+
+A task needs, per second of its run alone on an idle machine (its *solo*
+seconds), ``density`` seconds of CPU (its CPU seconds over its solo seconds:
+a pure-Python loop 1, a sleep 0), and holds the GIL for a share ``gil`` of
+that CPU time (pure Python 1, a BLAS call or a read that releases it 0).
+Tasks running at once share what they need, as fluids do:
+
+* the threads of one host share its cores, less what other work on the
+  host uses (its *background*), evenly among those that ask;
+* the tasks of one worker process share its GIL, fairly: CPython hands it on
+  every switch interval to a thread that waits for it (:func:`unit_times`).
+
+:class:`Sharing` plays that forward for the what-if replay.  Recorded
+seconds are stretched by the cores and the GIL the recorded tasks waited
+for; :func:`solo_seconds` takes the waits out before a replay puts changed
+ones in: the wait for a core as each task's thread clock measured it, the
+wait for the GIL from the share of the time the others held it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from crux_dask.replay import Run
+
+__all__ = ["Sharing", "intervals", "recorded", "solo_seconds", "task_cpu", "unit_times"]
+
+#: What plans a task's end: ``push(time, task, worker)``.
+Push = Callable[[float, int, int], None]
+
+
+def unit_times(running: dict[int, int], density: list[float], gil: list[float],
+               cores: float, background: float = 0.0) -> dict[int, float]:
+    """The seconds a second of solo progress takes for each task ``running`` (task ->
+    worker) on one host of ``cores`` cores, ``background`` of them busy with other work.
+
+    The tasks share each worker's GIL fairly (:func:`_gil_shared`), and the
+    cores, evenly, as far as what they would use were cores no limit asks
+    for more than there are.
+    """
+    workers: dict[int, list[int]] = {}
+    for i, w in running.items():
+        workers.setdefault(w, []).append(i)
+    times: dict[int, float] = {}
+    for tasks in workers.values():
+        times.update(_gil_shared(tasks, density, gil, 1.0))
+    asked = background + sum(density[i] / times[i] for i in running)
+    if asked > cores:
+        for tasks in workers.values():
+            times.update(_gil_shared(tasks, density, gil, asked / cores))
+    return times
+
+
+def _gil_shared(tasks: list[int], density: list[float], gil: list[float], over: float
+                ) -> dict[int, float]:
+    """The seconds a second of solo progress takes for each of one worker's ``tasks``,
+    their CPU stretched by ``over``.
+
+    A task's second is ``rest`` seconds without the GIL and ``locked`` with
+    it: alone, it asks for the GIL ``locked / (rest + locked)`` of the time.
+    CPython hands the GIL on every switch interval to a thread that waits for
+    it, so the tasks share it fairly: where they ask for more than all of it,
+    those that ask for most get an even share of what the others leave, and
+    a second of theirs takes ``locked / share``.
+    """
+    parts = [((1.0 - density[i]) + density[i] * over * (1.0 - gil[i]),
+              density[i] * over * gil[i]) for i in tasks]
+    asks = [locked / (rest + locked) if locked > 0.0 else 0.0 for rest, locked in parts]
+    shares = _fair(asks)
+    return {i: max(rest + locked, locked / share) if share > 0.0 else rest + locked
+            for i, (rest, locked), share in zip(tasks, parts, shares)}
+
+
+def _fair(asks: list[float]) -> list[float]:
+    """Max-min fair shares of one unit among these asks (each gets at most its ask)."""
+    if sum(asks) <= 1.0:
+        return list(asks)
+    left, open_ = 1.0, sorted(range(len(asks)), key=asks.__getitem__)
+    shares = [0.0] * len(asks)
+    while open_:
+        level = left / len(open_)
+        i = open_[0]
+        if asks[i] <= level:
+            shares[i] = asks[i]
+            left -= asks[i]
+            open_.pop(0)
+        else:
+            for i in open_:
+                shares[i] = level
+            break
+    return shares
+
+
+class Sharing:
+    """The tasks running on each host, and how fast each progresses (for the replay).
+
+    A task joins when it starts, with its solo seconds left to run, and
+    leaves when they are done; at each change on a host, every task running
+    there is advanced at its old rate and given its new one, and its new end
+    is pushed where it moved (older ends are stale: :meth:`due`).
+    """
+
+    def __init__(self, host_of: list[int], cores: list[float], background: list[float],
+                 density: list[float], gil: list[float]) -> None:
+        self.host_of, self.cores, self.background = host_of, cores, background
+        self.density, self.gil = density, gil
+        hosts = len(cores)
+        self.running: list[dict[int, int]] = [{} for _ in range(hosts)]  # task -> worker
+        self.left: dict[int, float] = {}
+        self.rate: dict[int, float] = {}
+        self.ends: dict[int, float] = {}
+        self.since = [0.0] * hosts
+
+    def join(self, t: float, task: int, worker: int, seconds: float, push: Push) -> None:
+        """``task`` starts on ``worker`` at ``t`` with ``seconds`` of solo progress."""
+        h = self.host_of[worker]
+        self._advance(h, t)
+        self.running[h][task] = worker
+        self.left[task] = seconds
+        self._rates(h, t, push)
+
+    def leave(self, t: float, task: int, worker: int, push: Push) -> None:
+        """``task`` ended at ``t``."""
+        h = self.host_of[worker]
+        self._advance(h, t)
+        del self.running[h][task], self.left[task], self.rate[task], self.ends[task]
+        self._rates(h, t, push)
+
+    def due(self, task: int, t: float) -> bool:
+        """Whether ``t`` is ``task``'s end as last planned (not a stale one)."""
+        return self.ends.get(task) == t
+
+    def _advance(self, h: int, t: float) -> None:
+        dt = t - self.since[h]
+        for task in self.running[h]:
+            self.left[task] -= self.rate[task] * dt
+        self.since[h] = t
+
+    def _rates(self, h: int, t: float, push: Push) -> None:
+        """Give each task running on host ``h`` its rate from ``t``, and push its end
+        where it moved (an end that did not is still to come)."""
+        running, rates, left, ends = self.running[h], self.rate, self.left, self.ends
+        for task, unit in unit_times(running, self.density, self.gil, self.cores[h],
+                                     self.background[h]).items():
+            rate = rates[task] = 1.0 / unit
+            end = t + max(left[task], 0.0) / rate
+            if ends.get(task) != end:
+                ends[task] = end
+                push(end, task, running[task])
+
+
+def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each task's solo seconds and density: its recorded run, less the time it waited
+    for a core and for the GIL.
+
+    A task waits for the GIL while the other tasks of its worker hold it: each
+    of them, over its run, held it at its recorded density times its GIL
+    share, and at most one holds it at a time.  Of the task's run off the
+    CPU, and not waiting for a core, the seconds the others held the GIL are
+    a wait for it in the share the task holds the GIL itself (a task that
+    releases it never waits for it; one that holds it waits whenever it is
+    held).  The rest of the run off the CPU (a read, a sleep) stays.
+
+    Parameters
+    ----------
+    gil : numpy.ndarray
+        The GIL share of each task.
+    cores_waited : numpy.ndarray
+        The seconds each task waited for a core, of those its thread's clock
+        measured, that the replay's sharing of cores plays again.
+    """
+    begin, end, density = recorded(run)
+    cpu = task_cpu(run)
+    wall = run.duration
+    waited = np.minimum(np.nan_to_num(run.store.column("state_cpu_wait", run.state),
+                                      nan=0.0), wall)
+    holding = density * gil
+    held = np.zeros(run.n_tasks)  # seconds of each task's run the others held the GIL
+    for w in np.unique(run.worker).tolist():
+        mine = np.flatnonzero(run.worker == w)
+        for since, until, running in intervals(begin[mine], end[mine]):
+            if len(running) > 1:
+                tasks = mine[running]
+                others = holding[tasks].sum() - holding[tasks]
+                held[tasks] += (until - since) * np.minimum(others, 1.0)
+    off = np.maximum(wall - waited - cpu, 0.0)
+    solo = np.maximum(wall - np.minimum(cores_waited, waited) - gil * np.minimum(off, held),
+                      np.minimum(cpu, wall))
+    found = np.divide(cpu, solo, out=np.zeros(run.n_tasks), where=solo > 0).clip(0.0, 1.0)
+    return solo, found
+
+
+def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float, list[int]]]:
+    """Each interval between two moments of these runs in which some ran: ``(since,
+    until, the runs then)``; a run that ends as another starts is not with it."""
+    n = len(begin)
+    moments = np.concatenate([begin, end])
+    running: dict[int, None] = {}
+    last = 0.0
+    for at in np.lexsort((np.r_[np.ones(n), np.zeros(n)], moments)).tolist():
+        t = float(moments[at])
+        if running and t > last:
+            yield last, t, list(running)
+        last = t
+        if at < n:
+            running[at] = None
+        else:
+            running.pop(at - n, None)
+
+
+def recorded(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each task's recorded start and stop (seconds from the root) and density."""
+    store = run.store
+    end = store.column("state_time", run.state) - run.origin
+    begin = end - run.duration
+    wall = run.duration
+    density = np.where(wall > 0, np.minimum(task_cpu(run) / np.maximum(wall, 1e-12), 1.0), 0.0)
+    return begin, end, density
+
+
+def task_cpu(run: Run) -> np.ndarray:
+    """Each task's CPU seconds; where not recorded, its seconds at the median CPU share of
+    its label's tasks that have them (0 for a label with none: it competes for nothing)."""
+    cpu = run.store.column("state_cpu", run.state)
+    known = np.isfinite(cpu)
+    if known.all():
+        return cpu
+    share = np.divide(cpu, run.duration, out=np.full(run.n_tasks, np.nan),
+                      where=known & (run.duration > 0))
+    typical = np.zeros(int(run.label.max()) + 1)
+    for label in np.unique(run.label[known]).tolist():
+        mine = share[(run.label == label) & known]
+        mine = mine[np.isfinite(mine)]
+        typical[label] = float(np.median(mine)) if len(mine) else 0.0
+    return np.where(known, cpu, typical[run.label] * run.duration)

@@ -1,0 +1,225 @@
+"""The machine a what-if replays on: cores shared by a host's threads, a GIL by a worker's.
+
+Known answers first, in runs built here: tasks that hold the GIL do not go
+faster on more threads of one worker but do on more workers; tasks that
+release it go faster on both, as far as the cores go; a run that cannot tell
+gives the range between.  Then real runs on a LocalCluster: pure-Python loops
+and numpy products, whose GIL share distributed's own contention monitor
+tells, and a re-run that checks the prediction's direction.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster
+
+import crux_dask
+from crux_dask import PAGBuilder
+from crux_dask.machine import KNOCK_WAIT, core_waits, gil_most, machine_of
+from crux_dask.recording import DASK_BANDWIDTH, extract
+from crux_dask.sharing import _fair, _gil_shared
+
+HOST = "tcp://127.0.0.1:{}"
+
+
+def _run(threads: int, seconds: float, cpu: float, n: int = 16, cores_waited: float = 0.0
+         ) -> crux_dask.PAG:
+    """``n`` tasks of ``seconds`` (``cpu`` of them on the CPU) on one worker's ``threads``
+    threads, one after another on each, then their sum."""
+    builder = PAGBuilder(run_id="made")
+    builder.apply(("root", 0.0, "graph"))
+    free = [0.01] * threads
+    for i in range(n):
+        thread = i % threads
+        start = free[thread]
+        free[thread] = start + seconds
+        builder.compute(f"('work-ab', {i})", HOST.format(1), thread, start, start + seconds, 8,
+                        sent=0.0, received=0.005, runnable=0.005, priority=float(i), cpu=cpu,
+                        cpu_wait=cores_waited)
+    end = max(free)
+    builder.compute("total", HOST.format(1), 0, end, end + 0.001, 8,
+                    [f"('work-ab', {i})" for i in range(n)], sent=end, received=end,
+                    runnable=end, priority=float(n), cpu=0.0005, cpu_wait=0.0)
+    builder.transfer("total", f"memory@{HOST.format(1)}", "client", end + 0.002, end + 0.003)
+    return builder.pag()
+
+
+def _load(pag: crux_dask.PAG, gil: float, cores: float = 2.0, scheduler: float = 0.05
+          ) -> pd.DataFrame:
+    """Load samples of the run's worker every half second: its GIL contention ``gil``,
+    and the cores its ``scheduler`` used."""
+    run = extract(pag.store(), pag.ends[0])
+    times = run.origin + np.arange(1, int(run.makespan / 0.5) + 2) * 0.5
+    rows = [("scheduler", t, scheduler, 0.0, np.nan, np.nan, np.nan, 0.0) for t in times]
+    rows += [(HOST.format(1), t, 1.0, 0.0, 1.0, 2.0, cores, gil) for t in times]
+    return pd.DataFrame(rows, columns=["process", "time", "cpu", "lag", "busy", "threads",
+                                       "cores", "gil"])
+
+
+def _change(pag: crux_dask.PAG, load: pd.DataFrame | None = None, **change) -> float:
+    result = pag.what_if(load=load, **change)
+    return result.makespan / result.recorded
+
+
+def test_the_gil_is_shared_fairly_and_cores_as_far_as_they_go():
+    assert _fair([1.0, 1.0]) == [0.5, 0.5]
+    assert _fair([0.2, 1.0]) == pytest.approx([0.2, 0.8])
+    assert _fair([0.3, 0.4]) == [0.3, 0.4]
+    # Seconds a second of solo progress takes, for each task of one worker.
+    assert _gil_shared([0, 1], [1.0, 1.0], [1.0, 1.0], 1.0) == {0: 2.0, 1: 2.0}
+    assert _gil_shared([0, 1], [1.0, 1.0], [0.0, 0.0], 1.0) == {0: 1.0, 1: 1.0}
+    assert _gil_shared([0, 1], [1.0, 0.2], [1.0, 1.0], 1.0) == pytest.approx({0: 1.25, 1: 1.0})
+
+
+def test_a_run_on_one_worker_assumes_dask_s_own_bandwidth():
+    pag = _run(threads=1, seconds=0.1, cpu=0.1)
+    run = extract(pag.store(), pag.ends[0])
+    assert (run.latency, run.bandwidth) == (0.0, DASK_BANDWIDTH) == (0.0, 100e6)
+
+
+def test_tasks_that_hold_the_gil_need_workers_not_threads():
+    pag = _run(threads=1, seconds=0.1, cpu=0.1)
+    load = _load(pag, gil=0.8)  # a thread holding the GIL all the time reads about 0.83
+    machine = machine_of(extract(pag.store(), pag.ends[0]), load)
+    label = pag.store().labels.codes["work"]
+    assert machine.gil[label] > 0.9
+    assert _change(pag, load) == pytest.approx(1.0, abs=0.03)
+    assert _change(pag, load, threads=2) == pytest.approx(1.0, abs=0.05)
+    assert _change(pag, load, workers=2) == pytest.approx(0.5, abs=0.05)
+
+
+def test_tasks_that_release_the_gil_need_cores():
+    pag = _run(threads=1, seconds=0.1, cpu=0.1)
+    load = _load(pag, gil=0.0)
+    assert _change(pag, load, threads=2) == pytest.approx(0.5, abs=0.05)
+    assert _change(pag, load, threads=4) == pytest.approx(0.5, abs=0.05)  # 2 cores
+    assert _change(pag, _load(pag, gil=0.0, cores=4.0), threads=4) == pytest.approx(
+        0.25, abs=0.05)
+    # Tasks that sleep use no core: threads are all they need.
+    sleepy = _run(threads=1, seconds=0.1, cpu=0.0)
+    assert _change(sleepy, _load(sleepy, gil=0.0), threads=4) == pytest.approx(0.25, abs=0.05)
+
+
+def test_a_run_that_cannot_tell_gives_the_range_between():
+    pag = _run(threads=1, seconds=0.1, cpu=0.1)
+    result = pag.what_if(threads=2)  # no load: nothing says whether they hold the GIL
+    low, high = result.range
+    assert low / result.recorded == pytest.approx(0.5, abs=0.05)
+    assert high / result.recorded == pytest.approx(1.0, abs=0.05)
+    assert result.makespan == pytest.approx((low + high) / 2)
+    assert result.gil_unknown == ["work"] and "hold the GIL" in result.summary()
+    # Two tasks at once, each all the time on the CPU: at most half of it held the GIL.
+    both = _run(threads=2, seconds=0.1, cpu=0.1)
+    run = extract(both.store(), both.ends[0])
+    assert gil_most(run, len(run.store.labels))[run.store.labels.codes["work"]] == (
+        pytest.approx(0.5))
+    assert both.what_if(threads=1).range is None
+    assert _change(both, None, threads=1) == pytest.approx(2.0, abs=0.1)
+
+
+def test_the_wait_for_the_gil_and_for_cores_is_taken_out_of_a_recording():
+    # Two threads of one worker, each task half on the CPU and held up the other half:
+    # by the GIL (the worker's contention says so), the run goes as fast on one thread.
+    pag = _run(threads=2, seconds=0.2, cpu=0.1)
+    load = _load(pag, gil=KNOCK_WAIT)  # what a GIL held all the time reads
+    assert _change(pag, load) == pytest.approx(1.0, abs=0.05)
+    assert _change(pag, load, threads=1) == pytest.approx(1.0, abs=0.1)
+    assert _change(pag, load, workers=2, threads=1) == pytest.approx(0.5, abs=0.05)
+    # Held up by other work on the host's two cores instead (the threads' clocks say
+    # so): the scheduler kept both cores busy, each task had half of one.  The replay
+    # keeps that work: one thread, the third runnable on two cores, has two thirds of one.
+    busy = _run(threads=2, seconds=0.2, cpu=0.1, cores_waited=0.1)
+    run = extract(busy.store(), busy.ends[0])
+    load = _load(busy, gil=0.0, scheduler=2.0)
+    assert core_waits(run, machine_of(run, load)) == pytest.approx(
+        [0.1] * 16 + [0.0], abs=0.001)
+    assert _change(busy, load) == pytest.approx(1.0, abs=0.05)
+    assert _change(busy, load, threads=1) == pytest.approx(1.5, abs=0.1)
+    # Held up by a program the load does not see: the waits stay in the tasks' seconds,
+    # and one thread takes twice as long.
+    unseen = _load(busy, gil=0.0)
+    assert core_waits(run, machine_of(run, unseen)).max() < 0.01
+    assert _change(busy, unseen) == pytest.approx(1.0, abs=0.05)
+    assert _change(busy, unseen, threads=1) == pytest.approx(2.0, abs=0.1)
+
+
+def spin(i: int, seconds: float = 0.2) -> int:
+    end = time.thread_time() + seconds
+    n = i
+    while time.thread_time() < end:
+        n += 1
+    return n
+
+
+def product(i: int, seconds: float = 0.2) -> float:
+    x = np.random.default_rng(i).random((600, 600))
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        x = x @ x
+        x /= np.abs(x).max()
+    return float(x[0, 0])
+
+
+def _recorded(function, threads: int, n: int = 12, **kwargs) -> tuple[crux_dask.PAG,
+                                                                      pd.DataFrame]:
+    """The graph and load of a run of ``n`` tasks of ``function`` on a fresh worker of
+    ``threads`` threads, with Crux attached just before."""
+    with LocalCluster(n_workers=1, threads_per_worker=threads, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        name = function.__name__
+        dask.compute([dask.delayed(function)(i, dask_key_name=(name, i), **kwargs)
+                      for i in range(n)])
+        return crux_dask.get_pag(client), crux_dask.get_load(client)
+
+
+def _recorded_on_one_thread(function) -> tuple[float, float]:
+    """The GIL share of ``function``'s label, and the change predicted on two threads,
+    in a run of twelve of its tasks on a fresh worker of one thread."""
+    pag, load = _recorded(function, threads=1)
+    name = function.__name__
+    run = extract(pag.store(), pag.ends[0])
+    share = machine_of(run, load).gil[pag.store().labels.codes[name]]
+    result = pag.what_if(threads=2, load=load)
+    assert result.range is None  # the monitor told
+    return float(share), result.makespan / result.recorded
+
+
+def test_a_real_run_tells_which_code_holds_the_gil():
+    # A loop of pure Python holds the GIL; a product of matrices lets go of it.  Other
+    # work on this machine may take cores from the second: it goes faster on two
+    # threads as far as the cores let it, the first does not.
+    spin_share, spin_change = _recorded_on_one_thread(spin)
+    product_share, product_change = _recorded_on_one_thread(product)
+    assert spin_share > 0.6 and product_share < 0.3
+    assert spin_change > 0.85 and product_change < spin_change - 0.15
+
+
+def test_pure_python_on_two_threads_needs_workers_not_threads():
+    # Recorded on one worker of two threads, pure-Python loops wait for each other's
+    # GIL: the replay takes that wait out, so more threads gain nothing and a second
+    # worker does, and "more threads" is not the first advice.
+    pag, load = _recorded(spin, threads=2)
+    # Against the unchanged replay, as suggest() ranks: another program on this machine
+    # may take cores from the recording, and that wait stays in both.
+    more_threads = pag.what_if(threads=4, load=load)
+    assert more_threads.makespan / more_threads.baseline == pytest.approx(1.0, abs=0.1)
+    more_workers = pag.what_if(workers=2, threads=1, load=load)
+    assert more_workers.makespan / more_workers.baseline < 0.85
+    advice = pag.suggest(load=load)
+    assert advice["change"].iloc[0] != "4 threads per worker", advice
+
+
+def test_a_run_shorter_than_a_heartbeat_knows_its_host_s_cores():
+    # The workers count their cores in their heartbeats, which a run of a few
+    # milliseconds right after Crux starts may not wait for: on one host, the
+    # scheduler's count stands in, so the replay still shares the cores.
+    pag, load = _recorded(spin, threads=2, n=4, seconds=0.005)
+    run = extract(pag.store(), pag.ends[0])
+    assert machine_of(run, load).cores == [float(len(os.sched_getaffinity(0)))]

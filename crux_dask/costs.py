@@ -195,12 +195,22 @@ def _cost_parts(store: PAGStore, through_cause: np.ndarray, ids: np.ndarray, src
     is_fetch = (category == "transfer") & ~gathered
     # When the scheduler learnt the step's first state was made; not of a freed
     # thread, which the worker hands on by itself.  A task's state (its moments
-    # recorded) without it: the announcement went unrecorded.
+    # recorded) without it: the announcement went unrecorded.  A copy a fetch made
+    # has none to record: the scheduler learns of it from the fetching worker, and
+    # need not have before it sends the task that uses it.
     announced = np.where(via_thread, np.nan, store.column("state_announced", src))
-    untold = ~via_thread & np.isnan(announced) & ~np.isnan(store.column("state_requested",
-                                                                          src))
+    untold = (~via_thread & np.isnan(announced) & ~_copies(store, src)
+              & ~np.isnan(store.column("state_requested", src)))
     return {"cost": cost, "busy": busy, "io": io,
             **_gap_parts(store, dst, gap, src_time, announced, untold, is_fetch, gathered)}
+
+
+def _copies(store: PAGStore, states: np.ndarray) -> np.ndarray:
+    """Whether each of ``states`` is a copy of its key's data: made by a ``TRANSFER``."""
+    pred = store.column("state_pred", states)
+    made = np.full(len(states), -1, np.int64)
+    made[pred >= 0] = store.column("mutation_kind", pred[pred >= 0])
+    return made == MutationKind.TRANSFER
 
 
 def _gap_parts(store: PAGStore, dst: np.ndarray, gap: np.ndarray, src_time: np.ndarray,

@@ -419,6 +419,26 @@ def test_a_fetch_that_waited_for_transfer_capacity_is_queued():
     assert math.isclose(fetch["wait"], 0.0, abs_tol=1e-12)
 
 
+def test_a_fetch_from_a_copy_has_no_report_of_that_copy():
+    # x made on A (its announcement not recorded), fetched to B, released on A, then
+    # fetched back from B's copy: the scheduler learns of a copy from the worker that
+    # fetched it, which is no moment to wait for, so the way back is all scheduler.
+    b = PAGBuilder()
+    b.root(0.0)
+    b.compute("x", A, 1, 0.0, 1.0, 8, (), sent=0.0, received=0.1)
+    b.apply(("transfer", "x", f"memory@{A}", f"memory@{B}", 1.1, 1.2, 8, 1.05))
+    b.delete("x", f"memory@{A}", 1.3)
+    b.apply(("transfer", "x", f"memory@{B}", f"memory@{A}", 2.0, 2.1, 8, 1.9))
+    fetch = b.pag().wcp().to_frame().iloc[-1]
+    assert fetch["source"] == f"memory@{B}" and fetch["destination"] == f"memory@{A}"
+    assert (fetch["scheduler"], fetch["queued"], fetch["busy"]) == pytest.approx(
+        (0.7, 0.1, 0.1))
+    assert fetch["scheduling"] == 0.0 and fetch["report"] == 0.0
+    # The first fetch's source is x's own state: its report went unrecorded.
+    first = b.pag().wcp().to_frame().iloc[-2]
+    assert (first["scheduling"], first["queued"]) == pytest.approx((0.05, 0.05))
+
+
 def test_a_task_sent_again_was_rescheduled_from_its_first_sending_to_its_last():
     b = PAGBuilder()
     b.root(0.0)

@@ -3,7 +3,9 @@
 A node is a task group (every state of a key counts for its key's group:
 computed, moved, spilled or released), sized by its data volume; an edge
 counts the mutations from one group to another, and a group sits one layer to
-the right of the deepest group it takes data from.  Groups the path goes
+the right of the deepest group it takes data from (a layer too tall for one
+column in columns side by side, on a grid that keeps every label readable: see
+:mod:`~.map_layout`).  Groups the path goes
 through are coloured by where the path's time in them went (its busy
 categories, then its gaps: client, the stages, queued, wait) and joined by the
 path's own edges; the others are grey.
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from collections import defaultdict
 from itertools import pairwise
@@ -26,7 +27,15 @@ from typing import Any
 
 import numpy as np
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, DataTable, HoverTool
+from bokeh.models import (
+    ColumnDataSource,
+    DataTable,
+    FixedTicker,
+    HoverTool,
+    Legend,
+    Range1d,
+    ScrollBox,
+)
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
 from distributed.utils import log_errors
@@ -35,14 +44,22 @@ from crux_dask.dashboard.callbacks import on_change
 from crux_dask.dashboard.component import Component
 from crux_dask.dashboard.data import GraphView, Source
 from crux_dask.dashboard.datatables import table_columns
+from crux_dask.dashboard.map_layout import (
+    LABEL_OFFSET,
+    NAME_CHARS,
+    frame,
+    layer_ticks,
+    node_px,
+    positions,
+)
 from crux_dask.dashboard.off_loop import kept
 from crux_dask.graph.rules import key_label
 from crux_dask.path import CATEGORIES, PARTS, CriticalPath
 from crux_dask.store import PAGStore
 
 DETAIL_COLUMNS = ("state_id", "key", "location", "time", "size")
-NODE_COLUMNS = ("x", "y", "group", "label", "name", "count", "bytes", "radius", "color",
-                "dominant", "on_path")
+NODE_COLUMNS = ("x", "y", "layer", "group", "label", "name", "count", "bytes", "size",
+                "color", "dominant", "on_path")
 #: A colour per category of the path's time; groups off the path are grey.
 CATEGORY_COLORS = dict(zip(CATEGORIES, Category20[len(CATEGORIES)]))
 OFF_PATH = "#c7c7c7"
@@ -166,10 +183,11 @@ class GroupFold:
         on_path, sequence = self._path_through_groups(store, path)
         by_size = sorted(self._count, key=self._count.__getitem__, reverse=True)
         shown = list(dict.fromkeys([*sequence, *by_size]))[: self.max_groups]
-        x, y = self._positions(shown)
+        layer = self.layers()
+        x, y = positions(sorted(shown, key=lambda g: self._first.get(g, 0.0)), layer)
         visible = set(shown)
-        return (self._node_columns(shown, x, y, on_path), self._edge_columns(visible, x, y),
-                _path_edge_columns(sequence, visible, x, y))
+        return (self._node_columns(shown, layer, x, y, on_path),
+                self._edge_columns(visible, x, y), _path_edge_columns(sequence, visible, x, y))
 
     def _path_through_groups(self, store: PAGStore, path: CriticalPath
                              ) -> tuple[dict[int, dict[str, float]], list[int]]:
@@ -202,31 +220,20 @@ class GroupFold:
         chain = np.concatenate([first, groups])
         return on_path, chain[np.r_[True, chain[1:] != chain[:-1]]].tolist()
 
-    def _positions(self, shown: list[int]) -> tuple[dict[int, float], dict[int, float]]:
-        """Where each group shown is: its layer across, and down the layer the groups
-        in the order they first appeared, centred on zero."""
-        layer = self.layers()
-        rows: dict[int, list[int]] = defaultdict(list)
-        for g in sorted(shown, key=lambda g: self._first.get(g, 0.0)):
-            rows[layer[g]].append(g)
-        x, y = {}, {}
-        for depth, members in rows.items():
-            for i, g in enumerate(members):
-                x[g], y[g] = depth, i - (len(members) - 1) / 2
-        return x, y
-
-    def _node_columns(self, shown: list[int], x: dict[int, float], y: dict[int, float],
-                      on_path: dict[int, dict[str, float]]) -> dict[str, list]:
+    def _node_columns(self, shown: list[int], layer: dict[int, int], x: dict[int, int],
+                      y: dict[int, float], on_path: dict[int, dict[str, float]]
+                      ) -> dict[str, list]:
         """Columns of the nodes: one per group shown, coloured by where the path's time
         in it mostly went (grey off the path)."""
         dominant = {g: max(seconds, key=seconds.__getitem__) for g, seconds in on_path.items()}
         return {
-            "x": [x[g] for g in shown], "y": [y[g] for g in shown], "group": shown,
+            "x": [x[g] for g in shown], "y": [y[g] for g in shown],
+            "layer": [layer[g] for g in shown], "group": shown,
             "label": [self._names[g] for g in shown],
-            "name": [key_label(self._names[g])[:20] for g in shown],
+            "name": [_short_name(self._names[g]) for g in shown],
             "count": [self._count[g] for g in shown],
             "bytes": [self._bytes[g] for g in shown],
-            "radius": [8 + 3 * math.log10(max(self._bytes[g], 1)) for g in shown],
+            "size": [node_px(self._bytes[g]) for g in shown],
             "color": [CATEGORY_COLORS[dominant[g]] if g in dominant else OFF_PATH
                       for g in shown],
             "dominant": [dominant.get(g, OFF_PATH_LABEL) for g in shown],
@@ -255,6 +262,13 @@ class GroupFold:
         frame = store.states_frame(ids)
         return {c: frame[c].astype(object).where(frame[c].notna(), None).tolist()
                 for c in DETAIL_COLUMNS}
+
+
+def _short_name(name: str) -> str:
+    """What a group's label shows: its task prefix, or a file's name, at most
+    :data:`~.map_layout.NAME_CHARS` characters."""
+    short = name.rstrip("/").rsplit("/", 1)[-1] if name.startswith("/") else key_label(name)
+    return short[:NAME_CHARS]
 
 
 def _path_edge_columns(sequence: list[int], visible: set[int], x: dict[int, float],
@@ -286,34 +300,46 @@ class PAGOverview(Component):
         self.edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1", "count",
                                                        "alpha")})
         self.path_edges = ColumnDataSource({c: [] for c in ("x0", "y0", "x1", "y1")})
+        empty = frame(1, 1)
+        # Sized to the grid of the groups it shows (see show), not to the page: a label
+        # is readable at the grid's pitch in pixels, whatever the page's width.
         self.figure = figure(title="Task groups in layers, the critical path over them "
                              "(click a group for its states)",
                              x_axis_label="layer (data flows left to right)",
-                             name="crux-overview", height=360,
-                             tools="pan,wheel_zoom,tap,reset", **kwargs)
+                             name="crux-overview", frame_width=empty.width,
+                             frame_height=empty.height, x_range=Range1d(*empty.x_range),
+                             y_range=Range1d(*empty.y_range),
+                             tools="pan,wheel_zoom,tap,reset")
+        self.layer_ticker = FixedTicker(ticks=[])
+        self.figure.xaxis.ticker = self.layer_ticker
+        self.figure.xgrid.ticker = self.layer_ticker
         self.figure.yaxis.visible = False
         self.figure.ygrid.visible = False
+        self.figure.add_layout(Legend(label_text_font_size="8pt"), "right")
         self.figure.segment("x0", "y0", "x1", "y1", source=self.edges, line_alpha="alpha",
                             line_color="#888888")
         self.figure.segment("x0", "y0", "x1", "y1", source=self.path_edges,
                             line_color="#d62728", line_width=3, name="crux-overview-path")
-        nodes = self.figure.scatter("x", "y", size="radius", color="color",
+        nodes = self.figure.scatter("x", "y", size="size", color="color",
                                     source=self.source, fill_alpha=0.85, line_color="#333333",
                                     legend_field="dominant", name="crux-overview-nodes")
         self.figure.text("x", "y", text="name", source=self.source, text_font_size="8pt",
-                         text_align="center", y_offset=-12, text_color="#444444")
-        self.figure.legend.location = "top_left"
-        self.figure.legend.label_text_font_size = "8pt"
+                         text_align="left", text_baseline="middle", x_offset=LABEL_OFFSET,
+                         text_color="#444444")
         self.figure.add_tools(HoverTool(renderers=[nodes], tooltips=[
-            ("group", "@label"), ("states", "@count"), ("bytes", "@bytes{0.0 b}"),
-            ("on the path", "@on_path{0.000} s"), ("mostly", "@dominant")]))
+            ("group", "@label"), ("layer", "@layer"), ("states", "@count"),
+            ("bytes", "@bytes{0.0 b}"), ("on the path", "@on_path{0.000} s"),
+            ("mostly", "@dominant")]))
         self.details = ColumnDataSource({c: [] for c in DETAIL_COLUMNS})
         self.table = DataTable(source=self.details, height=200, index_position=None,
                                name="crux-overview-states",
                                columns=table_columns(*((c, c) for c in DETAIL_COLUMNS)),
                                **kwargs)
         on_change(self.source.selected, "indices", self._drill_down)
-        self.root = column(self.figure, self.table, **kwargs)
+        # A map wider than the page scrolls in its own box; the page keeps its width.
+        self.root = column(ScrollBox(child=self.figure, horizontal_scrollbar="auto",
+                                     vertical_scrollbar="hidden", **kwargs),
+                           self.table, **kwargs)
 
     @property
     def computer(self) -> GroupFold:
@@ -321,6 +347,19 @@ class PAGOverview(Component):
 
     def show(self, computed: tuple[dict, dict, dict]) -> None:
         nodes, edges, path_edges = computed
+        columns = max(nodes["x"], default=0) + 1
+        rows = 2 * max((abs(y) for y in nodes["y"]), default=0.0) + 1
+        shape = frame(columns, round(rows))
+        plot = self.figure
+        if (plot.frame_width, plot.frame_height) != (shape.width, shape.height):
+            plot.frame_width, plot.frame_height = shape.width, shape.height
+        for axis, (start, end) in ((plot.x_range, shape.x_range), (plot.y_range, shape.y_range)):
+            if (axis.start, axis.end) != (start, end):
+                axis.update(start=start, end=end, reset_start=start, reset_end=end)
+        ticks = layer_ticks(nodes["layer"], nodes["x"])
+        if self.layer_ticker.ticks != list(ticks):
+            self.layer_ticker.ticks = list(ticks)
+            plot.xaxis.major_label_overrides = ticks
         self.source.data = nodes
         self.edges.data = edges
         self.path_edges.data = path_edges

@@ -289,7 +289,9 @@ def format_suggestions(pag: PAG, run_id: str, load: pd.DataFrame | None = None) 
     except ValueError as error:
         return f"No what-if suggestions: {error}"
     advice = table[table["kind"] == "advice"]
-    said = "".join(f"* {row.change} ({row.path_share:.0%} of the path): {row.why}\n"
+    said = "".join(f"* {row.change} ({row.path_share:.0%} of the path): {row.why}"
+                   + (f": {row.predicted:.3f} s, saves {row.saved:+.3f} s\n"
+                      if row.predicted == row.predicted else "\n")
                    for row in advice.itertuples())
     table = table[table["kind"] == "what-if"]
     table = table.assign(saved_share=(100 * table["saved_share"]).round(1),

@@ -19,11 +19,13 @@ load they ran under (:func:`~crux_dask.load.stage_loads`):
 * **a slow task**: the path goes through stragglers with their group's bytes:
   look at the worker or the file behind them.
 
-The advice carries no prediction of its own: the what-if changes listed
-after it (:func:`crux_dask.whatif.suggest`: more workers, more threads, the
-stragglers at their group's median) carry the replay's, which shares cores
-and the GIL (:mod:`crux_dask.sharing`) but not the scheduler's own cost.
-:func:`fixes` adds how many workers are enough (:mod:`crux_dask.scaling`).
+Advice on the shape of the cluster (fewer threads; processes, not threads)
+carries the what-if replay's prediction of that shape (:func:`what_to_fix`),
+which shares cores and the GIL (:mod:`crux_dask.sharing`) but not the
+scheduler's own cost; the what-if changes listed after it
+(:func:`crux_dask.whatif.suggest`: more workers, more threads, the stragglers
+at their group's median) carry theirs.  :func:`fixes` adds how many workers
+are enough (:mod:`crux_dask.scaling`).
 """
 
 from __future__ import annotations
@@ -116,13 +118,38 @@ def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
     import pandas as pd
 
     from crux_dask.load import load_frame
+    from crux_dask.machine import machine_of
+    from crux_dask.recording import extract
     from crux_dask.whatif import suggest
 
     load = load_frame(load)
+    run = extract(store, end) if run is None else run
+    machine = machine_of(run, load) if machine is None else machine
     advice = advise(path, load).rename(columns={"advice": "change", "share": "path_share"})
+    predicted = [_predicted(store, end, run, machine, change) for change in advice["change"]]
+    advice = pd.concat([advice, pd.DataFrame(predicted, index=advice.index,
+                                             columns=list(SUGGESTION_COLUMNS[4:]))], axis=1)
+    for i, change in enumerate(advice["change"]):
+        if change in _SHAPES:
+            workers, threads = _SHAPES[change](len(run.workers), run.threads)
+            advice.loc[i, "why"] += (f"; predicted for {workers} worker{'s' * (workers > 1)}"
+                                     f" × {threads} thread{'s' * (threads > 1)}")
     changes = suggest(store, end, path, load, run, machine)
     return pd.concat([advice.assign(kind="advice"), changes.assign(kind="what-if")],
                      ignore_index=True)[list(SUGGESTION_COLUMNS)]
+
+
+def _predicted(store: PAGStore, end: int, run: Run, machine: Machine, advice: str
+               ) -> dict[str, Any]:
+    """The what-if figures of the cluster shape ``advice`` stands for (:data:`_SHAPES`),
+    NaN for advice on something else."""
+    from crux_dask.whatif import suggestion_row, what_if
+
+    if advice not in _SHAPES:
+        return dict.fromkeys(SUGGESTION_COLUMNS[4:], np.nan) | {"path_then": ""}
+    workers, threads = _SHAPES[advice](len(run.workers), run.threads)
+    return suggestion_row(what_if(store, end, workers=workers, threads=threads, run=run,
+                                  machine=machine))
 
 
 def fixes(store: PAGStore, end: int, load: pd.DataFrame | dict | None
@@ -212,6 +239,15 @@ def _busy(busy: pd.DataFrame) -> str:
             f"to {busy['lag'].max() * 1e3:.0f} ms late")
 
 
+#: The cluster shape (workers, threads per worker) the advice on a run of ``workers``
+#: × ``threads`` stands for, for a prediction: half the threads, else half the workers;
+#: as many worker processes as there were threads, one thread each.
+_SHAPES = {
+    "fewer threads or workers per host": lambda workers, threads: (
+        (workers, threads // 2) if threads > 1 else (max(workers // 2, 1), 1)),
+    "more worker processes, fewer threads each": lambda workers, threads: (
+        workers * threads, 1),
+}
 #: The advice the load supports: what it says, and how it says why.
 _LOAD_ADVICE = {
     "crowded": ("fewer threads or workers per host", _crowded),

@@ -206,8 +206,10 @@ class PAG:
             seconds saved first: ``kind`` (``advice`` or ``what-if``),
             ``change``, ``why`` (the figures behind an advice), ``path_share``
             (of the path, held by the stages behind an advice), ``predicted``
-            makespan, ``low`` and ``high`` (its range where the run does not tell
-            whether a label holds the GIL, else NaN), ``saved`` (against the
+            makespan (of an advice on the cluster's shape: of the shape its
+            ``why`` names; NaN for other advice), ``low`` and ``high`` (its
+            range where the run does not tell whether a label holds the GIL,
+            else NaN), ``saved`` (against the
             unchanged replay), ``saved_share``,
             ``replay_error`` and ``path_then``: the prefixes with the most busy
             seconds on the predicted critical path.

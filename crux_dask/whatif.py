@@ -266,16 +266,21 @@ def suggest(store: PAGStore, end: int, path: CriticalPath,
     if stragglers:
         candidates.append((f"{stragglers} straggler{'s' * (stragglers > 1)} at their "
                            "group's median", {"stragglers": "median"}))
-    rows = []
-    for name, change in candidates:
-        result = what_if(store, end, run=run, machine=machine, **change)
-        low, high = result.range or (math.nan, math.nan)
-        rows.append({"change": name, "predicted": result.makespan, "low": low, "high": high,
-                     "saved": result.saved, "saved_share": result.saved / result.baseline,
-                     "replay_error": result.replay_error,
-                     "path_then": _top_labels(result.path)})
+    rows = [{"change": name} | suggestion_row(what_if(store, end, run=run, machine=machine,
+                                                      **change))
+            for name, change in candidates]
     frame = pd.DataFrame(rows)
     return frame.sort_values("saved", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def suggestion_row(result: WhatIf) -> dict:
+    """The figures of one change in :func:`suggest`'s table: ``predicted``, ``low`` and
+    ``high`` (NaN without a range), ``saved``, ``saved_share``, ``replay_error`` and
+    ``path_then``."""
+    low, high = result.range or (math.nan, math.nan)
+    return {"predicted": result.makespan, "low": low, "high": high, "saved": result.saved,
+            "saved_share": result.saved / result.baseline,
+            "replay_error": result.replay_error, "path_then": _top_labels(result.path)}
 
 
 def _gil_unknown(run: Run, machine: Machine) -> np.ndarray:

@@ -123,6 +123,26 @@ def test_an_oversubscribed_worker_is_told_to_have_fewer_threads(oversubscribed):
     assert f"on {len(os.sched_getaffinity(0))} cores" in why
 
 
+def test_the_advice_on_the_cluster_s_shape_carries_the_what_if_s_prediction(oversubscribed):
+    client = oversubscribed
+    load = crux_dask.get_load(client)
+    pag = crux_dask.get_pag(client)
+    table = pag.suggest(load=load).set_index("change")
+    fewer = table.loc["fewer threads or workers per host"]
+    processes = table.loc["more worker processes, fewer threads each"]
+    assert fewer["why"].endswith(f"predicted for 1 worker × {THREADS // 2} threads")
+    assert processes["why"].endswith(f"predicted for {THREADS} workers × 1 thread")
+    half = pag.what_if(threads=THREADS // 2, load=load)
+    apart = pag.what_if(workers=THREADS, threads=1, load=load)
+    assert fewer["predicted"] == pytest.approx(half.makespan)
+    assert processes["predicted"] == pytest.approx(apart.makespan)
+    assert processes["saved"] == pytest.approx(apart.saved)
+    # Pure Python in one process takes turns on the GIL: processes, on the host's two
+    # cores (the workers added join them: a local cluster grows on its machine), run
+    # twice as many at once.
+    assert apart.saved > 0.2 * apart.baseline, apart.summary()
+
+
 def test_the_log_keeps_the_newest_samples_in_columns():
     log = LoadLog(most=100)
     for i in range(250):

@@ -245,7 +245,7 @@ def test_every_event_sent_is_applied_on_a_large_graph():
     dropped = sum(w["events_dropped"] for w in stats["workers"].values())
     buffered = sum(w["events_buffered"] for w in stats["workers"].values())
     assert sent > 20_000 and dropped == 0 and sent + buffered == recorded
-    assert stats["events_from_workers"] == sent
+    assert stats["events_from_workers"] == sent, stats
     assert stats["events_applied"] == stats["events_received"]
     assert stats["events_pending"] == 0 and stats["events_parked"] == 0
     assert stats["events_failed"] == 0 and stats["batches_rejected"] == 0

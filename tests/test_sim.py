@@ -118,8 +118,9 @@ def test_checkpoint_transfer_becomes_critical_only_when_slow(client, tmp_path):
 
 
 def test_replay_reproduces_a_recorded_run(tmp_path):
-    # Long enough that a hiccup of this small machine is well inside the tolerance.
-    config = SimConfig(scratch=str(tmp_path / "scratch"), scale=1.0)
+    # Long enough (about 3.5 s) that a hiccup of this small machine is well inside the
+    # tolerance: a second's stall of a run of one second failed it.
+    config = SimConfig(scratch=str(tmp_path / "scratch"), scale=3.0)
     recorded = run_case("generic", config, workers=2, out=tmp_path / "runs")
     fidelity = replay(recorded.dataset)
     assert fidelity.makespan_ratio == pytest.approx(1.0, abs=0.15)

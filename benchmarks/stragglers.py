@@ -4,7 +4,8 @@ A frame where one key holds half the rows is shuffled by key into four
 partitions, each visited in proportion to its rows (``tests/test_groups.py``'s
 ``walked``); the partition of the hot key holds five times the rows of the
 others.  Each round records a run of it on a fresh LocalCluster of 2 workers
-× 1 thread, predicts with ``pag.what_if(stragglers="median")``, then runs, on
+× 4 threads (every walk can run at once wherever its partition is, as in the
+test), predicts with ``pag.what_if(stragglers="median")``, then runs, on
 the same cluster and interleaved, the same data without the hot key and the
 recorded data again.  Printed per round and as medians: the change predicted
 (predicted makespan over the unchanged replay's), with the run's load (so the
@@ -34,7 +35,7 @@ from test_groups import walked
 def round_(runs: int) -> tuple[float, float, float]:
     """One recording and its interleaved re-runs: the change predicted with the load and
     without, and the change measured."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    with LocalCluster(n_workers=2, threads_per_worker=4, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         walked(hot=False).compute()  # warm, as the runs it is compared with are
         crux_dask.attach(client)

@@ -7,6 +7,10 @@ handler, one round trip per batch, one batch in flight at a time.  The files
 of tasks sized after their completion follow through the ``crux_files``
 handler.  What cannot be sent stays buffered for the next try, up to
 ``max-buffered-events``; what the scheduler refuses is counted and dropped.
+
+A batch whose round trip failed is sent again as it was, under its number: the
+scheduler may have taken it and only its answer been lost, and it takes a number
+from one sender once (:meth:`~crux_dask.plugins.recorder.Recorder.receive`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import select
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from time import time
@@ -53,6 +58,9 @@ class EventBatches(ClockRoundTrips):
         (:data:`~crux_dask.plugins.protocol.REPORT_FIELDS`).
     seq : int
         The number of the latest batch sent.
+    sender : str
+        This plugin's name for itself in the batches it sends (a worker that
+        restarts at the same address numbers its batches afresh).
     """
 
     # Set by the plugin (crux_dask.plugins.worker), or by the other parts of it.
@@ -76,6 +84,9 @@ class EventBatches(ClockRoundTrips):
         self.reports: list[bytes] = []
         self._packer = msgpack.Packer(default=repr)
         self.seq = 0
+        self.sender = uuid.uuid4().hex
+        # The batch sent last and not answered: (message, events, reports in it).
+        self._unanswered: tuple[dict, int, int] | None = None
         self._sending: asyncio.Future | None = None
 
     def _record(self, event: tuple) -> None:
@@ -139,35 +150,31 @@ class EventBatches(ClockRoundTrips):
             # What was recorded by now: what comes while this is sent waits for the next
             # send, rather than following at once in a message of its own.
             unsent_events, unsent_reports = len(self.buffer), len(self.reports)
-            while unsent_events > 0 or unsent_reports > 0:
-                events = self.buffer[: min(self.batch_size, unsent_events)]
-                reports = self.reports[: min(self.batch_size, unsent_reports)]
-                unsent_events -= len(events)
-                unsent_reports -= len(reports)
-                self.seq += 1
-                message = {"source": self.worker.address}
-                if events:
-                    message["batch"] = encode_batch(events, self.worker.address, self.seq)
-                if reports:  # the packed reports, as one array
-                    message[TASKS] = b"".join([self._packer.pack_array_header(len(reports)),
-                                               *reports])
+            while self._unanswered is not None or unsent_events > 0 or unsent_reports > 0:
+                if self._unanswered is None:
+                    self._unanswered = self._batch(unsent_events, unsent_reports)
+                message, events, reports = self._unanswered
                 sent = time()
                 try:
                     reply = await send(**message)
                 except Exception as error:
-                    # Keep the events for the next try; the scheduler may be busy.
+                    # Keep the batch for the next try: the scheduler may be busy, or may
+                    # have taken it and its answer been lost.
                     self.counts["send_failures"] += 1
                     logger.debug("Crux could not send a batch: %r", error)
                     return False
-                del self.buffer[: len(events)]
-                del self.reports[: len(reports)]
+                self._unanswered = None
+                unsent_events -= events
+                unsent_reports -= reports
+                del self.buffer[:events]
+                del self.reports[:reports]
                 if isinstance(reply, dict) and reply.get("status") == "OK":
                     self.counts["batches_sent"] += 1
-                    self.counts["events_sent"] += len(events) + len(reports)
+                    self.counts["events_sent"] += events + reports
                     self._timed(sent, reply)
                 else:  # rejected, or no Crux on the scheduler: nobody will take these
                     self.counts["batches_rejected"] += 1
-                    self.counts["events_dropped"] += len(events) + len(reports)
+                    self.counts["events_dropped"] += events + reports
             if self._files_out:
                 files = self._files_out[:]
                 try:
@@ -183,6 +190,20 @@ class EventBatches(ClockRoundTrips):
             return True
         finally:
             self._sending = None
+
+    def _batch(self, unsent_events: int, unsent_reports: int) -> tuple[dict, int, int]:
+        """The next batch of the first ``unsent_events`` and ``unsent_reports`` buffered,
+        numbered: its message, and how many events and reports it holds."""
+        events = self.buffer[: min(self.batch_size, unsent_events)]
+        reports = self.reports[: min(self.batch_size, unsent_reports)]
+        self.seq += 1
+        message = {"source": self.worker.address, "sender": self.sender, "seq": self.seq}
+        if events:
+            message["batch"] = encode_batch(events, self.worker.address, self.seq)
+        if reports:  # the packed reports, as one array
+            message[TASKS] = b"".join([self._packer.pack_array_header(len(reports)),
+                                       *reports])
+        return message, len(events), len(reports)
 
     def _scheduler_connected(self) -> bool:
         """Whether the worker's stream to the scheduler is open (no waiting involved).

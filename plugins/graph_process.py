@@ -68,7 +68,7 @@ MESSAGE_BYTES = 2**22
 _ENTRY_BYTES = 1_000
 #: What the process does not know and the scheduler does count.
 _SCHEDULER_COUNTS = ("batches_received", "batches_in_columns", "batches_rejected",
-                     "events_from_workers", "hook_errors", "events_dropped",
+                     "batches_repeated", "events_from_workers", "hook_errors", "events_dropped",
                      "file_lists_received", "file_lists_rejected", "tasks_reported")
 #: The counts the process keeps, reported with what it sends.
 _PROCESS_COUNTS = ("events_applied", "events_failed", "batches_failed", "file_lists_missing",

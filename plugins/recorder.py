@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["COUNTS", "Recorder", "count_reports", "unpack_reports"]
 
 COUNTS = ["events_from_workers", "events_applied", "events_failed", "batches_received",
-           "batches_in_columns", "batches_rejected", "batches_failed", "hook_errors",
+           "batches_in_columns", "batches_rejected", "batches_repeated", "batches_failed",
+           "hook_errors",
            "file_lists_received", "file_lists_rejected", "file_lists_missing",
            "file_lists_unmatched", "tasks_reported", "tasks_unreported"]
 
@@ -63,6 +64,8 @@ class Recorder:
         self.seconds = {"receive": 0.0, "apply": 0.0, "longest_slice": 0.0}
         self.last_error: str | None = None
         self.graphs = 0  # graphs numbered so far
+        # worker address -> (sender, the number of its batch taken last)
+        self._taken: dict[Any, tuple[Any, int]] = {}
 
     def next_graph(self) -> int:
         """The number of the next graph that reaches the scheduler."""
@@ -88,9 +91,17 @@ class Recorder:
             scheduler's clock, from which the worker estimates its offset: see
             :mod:`crux_dask.plugins.clock`; a message with neither is only that),
             or ``{"status": "rejected", "error": ...}`` for a malformed batch or
-            report (nothing of either is queued).
+            report (nothing of either is queued).  A batch taken before (the
+            same ``sender`` and ``seq``: sent again, its answer lost) is answered
+            as taken, with nothing queued again.
         """
         if batch is None and tasks is None:  # a worker timing a round trip: nothing else
+            return {"status": "OK", "accepted": 0, "time": time.time()}
+        source, sender, seq = kwargs.get("source"), kwargs.get("sender"), kwargs.get("seq")
+        numbered = sender is not None and type(seq) is int
+        taken = self._taken.get(source) if numbered else None
+        if taken is not None and taken[0] == sender and seq <= taken[1]:
+            self.counts["batches_repeated"] += 1
             return {"status": "OK", "accepted": 0, "time": time.time()}
         started = time.thread_time()
         self.counts["batches_received"] += 1
@@ -107,6 +118,8 @@ class Recorder:
             self.last_error = f"batch rejected: {error}"
             logger.debug("Crux rejected a batch from %s: %s", kwargs.get("source"), error)
             return {"status": "rejected", "error": str(error)}
+        if numbered:
+            self._taken[source] = (sender, seq)
         self.counts["batches_in_columns"] += in_columns
         self.counts["events_from_workers"] += events
         self.pending += events

@@ -18,6 +18,7 @@ from crux_dask import PAGBuilder
 from crux_dask.codec import MAX_BATCH_BYTES, encode_batch
 from crux_dask.events import Compute
 from crux_dask.plugins import CruxWorkerPlugin
+from crux_dask.plugins.protocol import EVENTS_HANDLER
 
 from workloads import chain
 
@@ -113,6 +114,37 @@ async def test_worker_plugin_without_scheduler_side_is_harmless(c, s, a, b):
 
 async def _flush(dask_worker):
     return await dask_worker.plugins["crux"].flush()
+
+
+@gen_cluster(client=True)
+async def test_a_batch_whose_answer_was_lost_is_sent_again_and_taken_once(c, s, a, b):
+    await crux_dask.attach(c)
+    handler = s.handlers[EVENTS_HANDLER]
+    lost = []
+
+    def answer_lost(**message):
+        reply = handler(**message)  # taken, then its answer lost on the way back
+        if "seq" in message and not lost:
+            lost.append(message["source"])
+            raise OSError("the connection dropped before the answer")
+        return reply
+
+    s.handlers[EVENTS_HANDLER] = answer_lost
+    assert await c.gather(c.map(inc, range(20))) == list(range(1, 21))
+    assert await c.run(_flush) in ({a.address: False, b.address: True},
+                                   {a.address: True, b.address: False})
+    stats = await c.run(lambda dask_worker: dask_worker.plugins["crux"].stats())
+    assert sum(w["send_failures"] for w in stats.values()) == 1
+    assert set((await c.run(_flush)).values()) == {True}  # the same batch, sent again
+    await crux_dask.flush(c)
+    stats = await crux_dask.get_stats(c)
+    sent = sum(w["events_sent"] for w in stats["workers"].values())
+    assert lost and stats["batches_repeated"] == 1
+    assert stats["events_from_workers"] == sent
+    pag = await crux_dask.get_pag(c)
+    made = pag.mutations[(pag.mutations["kind"] == "APPEND")
+                         & pag.mutations["key"].str.startswith("inc-")]
+    assert len(made) == made["key"].nunique() == 20  # each task once
 
 
 def test_worker_killed_mid_run_then_restart():

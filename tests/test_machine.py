@@ -24,20 +24,22 @@ from crux_dask import PAGBuilder
 from crux_dask.machine import KNOCK_WAIT, core_waits, gil_most, machine_of
 from crux_dask.recording import DASK_BANDWIDTH, extract
 from crux_dask.sharing import _fair, _gil_shared
+from crux_dask.whatif import _gaps_at
 
 HOST = "tcp://127.0.0.1:{}"
 
 
-def _run(threads: int, seconds: float, cpu: float, n: int = 16, cores_waited: float = 0.0
-         ) -> crux_dask.PAG:
+def _run(threads: int, seconds: float, cpu: float, n: int = 16, cores_waited: float = 0.0,
+         gap: float = 0.0) -> crux_dask.PAG:
     """``n`` tasks of ``seconds`` (``cpu`` of them on the CPU) on one worker's ``threads``
-    threads, one after another on each, then their sum."""
+    threads, one after another on each (``gap`` seconds apart: the dispatch), then their
+    sum."""
     builder = PAGBuilder(run_id="made")
     builder.apply(("root", 0.0, "graph"))
     free = [0.01] * threads
     for i in range(n):
         thread = i % threads
-        start = free[thread]
+        start = free[thread] + gap
         free[thread] = start + seconds
         builder.compute(f"('work-ab', {i})", HOST.format(1), thread, start, start + seconds, 8,
                         sent=0.0, received=0.005, runnable=0.005, priority=float(i), cpu=cpu,
@@ -92,6 +94,26 @@ def test_tasks_that_hold_the_gil_need_workers_not_threads():
     assert _change(pag, load) == pytest.approx(1.0, abs=0.03)
     assert _change(pag, load, threads=2) == pytest.approx(1.0, abs=0.05)
     assert _change(pag, load, workers=2) == pytest.approx(0.5, abs=0.05)
+
+
+def test_the_dispatch_and_round_trip_scale_with_the_threads_that_hold_the_gil():
+    # Recorded on two threads, 20 ms between one task and the next on each: the worker's
+    # event loop waited behind the other thread where the tasks hold the GIL, so on one
+    # thread it waits half as long, on four twice as long; where they release it, as
+    # long as recorded.  A third of the CPU seconds holding it counts a third.
+    pag = _run(2, 0.1, 0.1, gap=0.02)
+    run = extract(pag.store(), pag.ends[0])
+    cpu = np.full(run.n_tasks, 0.1)
+    holds, releases = np.ones(run.n_tasks), np.zeros(run.n_tasks)
+    assert run.gaps.dispatch == pytest.approx(0.02)
+    for gil, threads, factor in [(holds, 1, 0.5), (holds, 2, 1.0), (holds, 4, 2.0),
+                                 (releases, 1, 1.0), (releases, 4, 1.0),
+                                 (holds / 3, 1, 3 / 4)]:
+        gaps = _gaps_at(run, gil, cpu, threads)
+        assert gaps.dispatch == pytest.approx(0.02 * factor), (gil[0], threads)
+        assert gaps.local == pytest.approx(run.gaps.local * factor)
+        assert (gaps.first, gaps.slot, gaps.fetch) == (
+            run.gaps.first, run.gaps.slot, run.gaps.fetch)
 
 
 def test_tasks_that_release_the_gil_need_cores():

@@ -171,6 +171,19 @@ def test_the_wait_for_the_gil_and_for_cores_is_taken_out_of_a_recording():
     assert _change(busy, unseen, threads=1) == pytest.approx(2.0, abs=0.1)
 
 
+def test_a_wait_on_the_run_queue_the_cores_do_not_explain_is_the_gil_s_handing_over():
+    # Two threads of one worker holding the GIL in turn (its contention says so), each
+    # task half on the CPU and half runnable, waiting for a core the host had free (no
+    # other work on it): the GIL passed to a thread wakes it, and it waits its turn on
+    # the run queue.  That wait goes with the GIL: one thread is as fast.
+    pag = _run(threads=2, seconds=0.2, cpu=0.1, cores_waited=0.1)
+    load = _load(pag, gil=KNOCK_WAIT)
+    run = extract(pag.store(), pag.ends[0])
+    assert core_waits(run, machine_of(run, load)).max() < 0.01
+    assert _change(pag, load) == pytest.approx(1.0, abs=0.05)
+    assert _change(pag, load, threads=1) == pytest.approx(1.0, abs=0.1)
+
+
 def spin(i: int, seconds: float = 0.2) -> int:
     end = time.thread_time() + seconds
     n = i

@@ -23,7 +23,7 @@ from crux_dask.store import PAGStore
 if TYPE_CHECKING:
     from crux_dask.sharing import Sharing
 
-__all__ = ["Gaps", "Run", "Schedule", "simulate"]
+__all__ = ["Gaps", "Run", "Schedule", "root_groups", "simulate"]
 
 #: Dask's default ``distributed.scheduler.worker-saturation``.
 WORKER_SATURATION = 1.1
@@ -290,8 +290,9 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
             return
         have: dict[int, int] = {}  # worker -> bytes of the inputs it holds
         for d in deps[lo:hi]:
+            nbytes = size[d]
             for w in holders[d]:
-                have[w] = have.get(w, 0) + size[d]
+                have[w] = have.get(w, 0) + nbytes
         if len(have) == 1:
             w = next(iter(have))
         else:
@@ -371,10 +372,14 @@ def _users(run: Run) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rootish(run: Run, total_threads: int) -> np.ndarray:
-    """Tasks of root-ish groups, by Dask's rule, with labels standing for task groups.
+    """Tasks of root-ish groups, by Dask's rule, with labels standing for task groups."""
+    group_size, few_inputs = root_groups(run)
+    return ((group_size > 2 * total_threads) & few_inputs)[run.label]
 
-    What does not depend on the threads is computed once per run.
-    """
+
+def root_groups(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """Per label: its tasks, and whether its input groups are few enough for Dask's rule
+    of root-ish groups (what does not depend on the threads, computed once per run)."""
     found = run.memo.get("rootish")
     if found is None:
         n_labels = int(run.label.max()) + 1
@@ -389,5 +394,4 @@ def _rootish(run: Run, total_threads: int) -> np.ndarray:
         dep_tasks = np.bincount(group, weights=group_size[dep_group], minlength=n_labels)
         found = run.memo["rootish"] = group_size, ((dep_groups < ROOTISH_GROUPS)
                                                    & (dep_tasks < ROOTISH_DEPENDENCIES))
-    group_size, few_inputs = found
-    return ((group_size > 2 * total_threads) & few_inputs)[run.label]
+    return found

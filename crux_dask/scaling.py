@@ -8,7 +8,10 @@ fewest workers) whose predicted makespan is within :data:`ENOUGH` of the
 best one's, as Sparklens names the fewest executors that keep an
 application's time.  Where the run cannot tell whether a label holds the
 GIL, a shape's prediction is a range, and a shape is enough only if its
-high end is within :data:`ENOUGH` of the best high end.
+high end is within :data:`ENOUGH` of the best high end.  A run of more tasks
+than :data:`~crux_dask.units.UNITS` is replayed on units of its tasks
+(:mod:`crux_dask.units`): two dozen replays of half a million tasks would
+take a minute or more.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from crux_dask.machine import Machine, machine_of
 from crux_dask.recording import extract
 from crux_dask.replay import Run
 from crux_dask.store import PAGStore
+from crux_dask.units import UNITS, units_of
 from crux_dask.whatif import what_if
 
 __all__ = ["ENOUGH", "SCALING_COLUMNS", "Scaling", "scaling"]
@@ -82,10 +86,12 @@ class Scaling:
 
 def scaling(store: PAGStore, end: int, workers: Iterable[int], threads: Iterable[int],
             load: pd.DataFrame | None = None, run: Run | None = None,
-            machine: Machine | None = None) -> Scaling:
+            machine: Machine | None = None, most: int = UNITS) -> Scaling:
     """Predict the run on every shape of ``workers`` × ``threads``; see
     :meth:`crux_dask.PAG.scaling`.  ``run`` and ``machine`` (as
     :func:`~crux_dask.whatif.what_if` takes them) may be given to save finding them again.
+    A run of more than ``most`` tasks is replayed on about as many units of its tasks
+    (:mod:`crux_dask.units`).
 
     Raises
     ------
@@ -98,9 +104,11 @@ def scaling(store: PAGStore, end: int, workers: Iterable[int], threads: Iterable
         raise ValueError("scaling needs at least one number of workers and of threads")
     run = extract(store, end) if run is None else run
     machine = machine_of(run, load) if machine is None else machine
+    units = units_of(run, max(w * t for w, t in shapes), most)
     rows, unknown = [], set()
     for w, t in shapes:
-        result = what_if(store, end, workers=w, threads=t, run=run, machine=machine)
+        result = what_if(store, end, workers=w, threads=t, run=run, machine=machine,
+                         units=units)
         low, high = result.range or (result.makespan, result.makespan)
         unknown.update(result.gil_unknown)
         rows.append({"workers": w, "threads": t, "predicted": result.makespan, "low": low,

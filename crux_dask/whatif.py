@@ -62,9 +62,10 @@ from crux_dask.recording import extract
 from crux_dask.replay import Gaps, Run, Schedule, simulate
 from crux_dask.sharing import solo_seconds, task_cpu
 from crux_dask.store import PAGStore
+from crux_dask.units import Units
 from crux_dask.wcp import CriticalPath
 
-__all__ = ["WhatIf", "predicted_pag", "suggest", "what_if"]
+__all__ = ["WhatIf", "suggest", "what_if"]
 
 #: Candidate labels of :func:`suggest`: the top labels of the observed path.
 TOP_LABELS = 3
@@ -119,6 +120,8 @@ class WhatIf:
     @cached_property
     def path(self) -> CriticalPath:
         """The observed critical path of the predicted run (a PAG built from its events)."""
+        from crux_dask.predicted import predicted_pag
+
         return predicted_pag(self.run, self.schedule).wcp()
 
     def summary(self) -> str:
@@ -132,56 +135,17 @@ class WhatIf:
                 f"error {self.replay_error:+.1%}")
 
 
-def predicted_pag(run: Run, schedule: Schedule):
-    """A PAG of the predicted run, built by :class:`~crux_dask.PAGBuilder` from its events."""
-    from crux_dask.graph.builder import PAGBuilder
-
-    store = run.store
-    keys = np.asarray(store.keys.values, dtype=object)[store.column("state_key", run.state)]
-    names = [run.workers[w] if w < len(run.workers) else f"tcp://what-if:{w}"
-             for w in range(schedule.workers)]
-    origin = run.origin
-    events: list[tuple[float, int, tuple]] = [(0.0, 0, ("root", origin, "graph"))]
-    for d, src, dst, began, there in schedule.transfers:
-        events.append((there, 1, ("transfer", keys[d], f"memory@{names[src]}",
-                                  f"memory@{names[dst]}", origin + began, origin + there,
-                                  int(run.size[d]))))
-    labels = run.label_names
-    for task in range(run.n_tasks):
-        inputs = tuple(keys[run.deps[run.dep_ptr[task]:run.dep_ptr[task + 1]]])
-        releaser = int(schedule.released_by[task])
-        events.append((schedule.stop[task], 2, (
-            "compute", keys[task], names[schedule.worker[task]], int(schedule.thread[task]),
-            origin + schedule.start[task], origin + schedule.stop[task], int(run.size[task]),
-            inputs, 0, labels[task], None, None, None, None, None,
-            origin + schedule.sent[task], origin + schedule.runnable[task],
-            origin + schedule.runnable[task],
-            keys[releaser] if releaser >= 0 else None,
-            names[schedule.worker[releaser]] if releaser >= 0 else None)))
-    last = schedule.stop[run.outputs].max() if len(run.outputs) else 0.0
-    # The client gathers once every output is computed; the output computed last is
-    # the one it receives last, so that the path ends through it.
-    by_stop = run.outputs[np.argsort(schedule.stop[run.outputs], kind="stable")]
-    for task, delay in zip(by_stop.tolist(), np.sort(run.output_delay).tolist()):
-        there = last + delay
-        events.append((there, 3, ("transfer", keys[task], f"memory@{names[schedule.worker[task]]}",
-                                  "client", origin + min(last, there), origin + there,
-                                  int(run.size[task]))))
-    events.sort(key=lambda e: (e[0], e[1]))
-    builder = PAGBuilder(run_id=f"{store.run_id}-what-if")
-    builder.apply_many([e[2] for e in events])
-    builder.resolve_parked()
-    return builder.pag()
-
-
 def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int | None = None,
             speedup: dict[str, float] | None = None, transfer_speedup: float | None = None,
             spill: bool = True, stragglers: str | None = None, run: Run | None = None,
-            load: pd.DataFrame | None = None, machine: Machine | None = None) -> WhatIf:
+            load: pd.DataFrame | None = None, machine: Machine | None = None,
+            units: Units | None = None) -> WhatIf:
     """Replay a recorded run with changes; see :meth:`crux_dask.PAG.what_if`.
 
     ``machine`` (:func:`~crux_dask.machine.machine_of` the run and its
-    ``load``) may be given to save finding it again.
+    ``load``) may be given to save finding it again.  With ``units``
+    (:func:`~crux_dask.units.units_of` the run), the replays, unchanged and
+    changed, play them instead of the tasks, as a scaling of a large run does.
 
     Raises
     ------
@@ -228,18 +192,18 @@ def what_if(store: PAGStore, end: int, workers: int | None = None, threads: int 
     stretch = np.divide(duration, run.duration, out=np.ones(run.n_tasks),
                         where=run.duration > 0)
     for gil in _gil_cases(run, machine):
-        solo, density, background, base = _solo(run, machine, gil)
+        solo, density, background, base = _solo(run, machine, gil, units)
         bases.append(base)
         schedules.append(bases[-1] if not changes else _play(
             run, machine, gil, solo * stretch / factor, density, background, *shape,
-            run.spill if spill else 0.0, latency, bandwidth))
+            run.spill if spill else 0.0, latency, bandwidth, units))
     low, high = min(s.makespan for s in schedules), max(s.makespan for s in schedules)
     base = float(np.mean([b.makespan for b in bases]))
     unknown = sorted(set(run.label_names[_gil_unknown(run, machine)].tolist()))
     between = high - low > RANGE_MIN * high
     return WhatIf((low + high) / 2, run.makespan, base / run.makespan - 1, base, changes,
-                  run, schedules[-1], (low, high) if between else None,
-                  unknown if between else [])
+                  run if units is None else units.run, schedules[-1],
+                  (low, high) if between else None, unknown if between else [])
 
 
 def suggest(store: PAGStore, end: int, path: CriticalPath,
@@ -306,31 +270,40 @@ def _gil_cases(run: Run, machine: Machine) -> list[np.ndarray]:
     return [np.where(unknown, 0.0, gil), np.where(unknown, machine.gil_most[run.label], gil)]
 
 
-def _solo(run: Run, machine: Machine, gil: np.ndarray) -> tuple:
+def _solo(run: Run, machine: Machine, gil: np.ndarray, units: Units | None) -> tuple:
     """:func:`~crux_dask.sharing.solo_seconds`, with the waits for a core the machine
-    explains, its background, and the unchanged replay of them: once per run, machine
-    and GIL case (a scaling or suggest() replays many changes of one run)."""
+    explains, its background, and the unchanged replay of them (on ``units``, if
+    given): once per run, machine and GIL case (a scaling or suggest() replays many
+    changes of one run)."""
     memo = run.memo.setdefault("solo", {})
     seen, known = memo.get(gil.tobytes(), (None, None))
     if seen is not machine:
-        solo, density = solo_seconds(run, gil, core_waits(run, machine))
-        base = _play(run, machine, gil, solo, density, machine.background, len(run.workers),
-                     run.threads, run.spill, run.latency, run.bandwidth)
-        known = solo, density, machine.background, base
+        known = solo_seconds(run, gil, core_waits(run, machine)), {}
         memo[gil.tobytes()] = machine, known
-    return known
+    (solo, density), bases = known
+    if units not in bases:
+        bases[units] = _play(run, machine, gil, solo, density, machine.background,
+                             len(run.workers), run.threads, run.spill, run.latency,
+                             run.bandwidth, units)
+    return solo, density, machine.background, bases[units]
 
 
 def _play(run: Run, machine: Machine, gil: np.ndarray, solo: np.ndarray,
           density: np.ndarray, background: list[float], workers: int, threads: int,
-          spill: np.ndarray | float, latency: float, bandwidth: float) -> Schedule:
+          spill: np.ndarray | float, latency: float, bandwidth: float,
+          units: Units | None) -> Schedule:
     """A replay on ``workers`` × ``threads`` of these solo seconds, sharing the machine
-    with the ``background`` of each host."""
+    with the ``background`` of each host: of the tasks, or of ``units``, each for its
+    tasks' seconds and a dispatch for each task after the first."""
     seconds = solo + spill
     cpu = density * solo
+    gaps = _gaps_at(run, gil, cpu, threads)
+    if units is not None:
+        seconds = units.total(seconds) + (units.tasks - 1) * gaps.dispatch
+        cpu, gil, run = units.total(cpu), gil[units.first], units.run
     share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)
-    return simulate(run, workers, threads, seconds, _gaps_at(run, gil, cpu, threads),
-                    latency, bandwidth, sharing=machine.sharing(workers, share, gil, background))
+    return simulate(run, workers, threads, seconds, gaps, latency, bandwidth,
+                    sharing=machine.sharing(workers, share, gil, background))
 
 
 def _gaps_at(run: Run, gil: np.ndarray, cpu: np.ndarray, threads: int) -> Gaps:

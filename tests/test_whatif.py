@@ -14,9 +14,9 @@ from click.testing import CliRunner
 import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.cli import main
+from crux_dask.predicted import predicted_pag
 from crux_dask.provenance import write_dataset
 from crux_dask.wcp import CriticalPath
-from crux_dask.whatif import predicted_pag
 
 A = "tcp://127.0.0.1:1001"
 B = "tcp://127.0.0.1:1002"

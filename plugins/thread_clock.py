@@ -22,6 +22,11 @@ import threading
 __all__ = ["ThreadClocks", "thread_cpu"]
 
 _NS = 1e-9
+#: ``os.open`` as it is before :mod:`crux_dask.plugins.files` watches it (that module
+#: imports this one first).  Noting a task's first file reads its thread's clock: through
+#: the watched ``os.open``, that read would be noted as the task's first file again, and
+#: so on until the stack ran out.
+_open_account = os.open
 
 
 def thread_cpu(thread: int) -> float | None:
@@ -89,7 +94,7 @@ def _open(thread: int) -> int | None:
     if native is None:
         return None
     try:
-        return os.open(f"/proc/self/task/{native}/schedstat", os.O_RDONLY)
+        return _open_account(f"/proc/self/task/{native}/schedstat", os.O_RDONLY)
     except OSError:  # gone, or not Linux
         return None
 

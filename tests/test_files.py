@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -463,6 +464,34 @@ def test_plain_open_in_delayed_functions_and_the_seconds_spent_on_files(crux_cli
     assert 0.39 <= waited <= run + 1e-3, by_key
     spun, run = by_key["spin-blob"]
     assert 0.0 <= spun <= run - 0.39, by_key
+
+
+def opens_while_opening(path: str) -> list[str]:
+    """The files opened in this thread while it opens ``path``, seen by CPython's audit
+    hook: the file itself, and what the hook that notes it opens."""
+    seen: list[str] = []
+    here = threading.get_ident()
+
+    def audit(event: str, args: tuple) -> None:
+        if event == "open" and threading.get_ident() == here and seen[-1:] != ["done"]:
+            seen.append(str(args[0]))
+
+    sys.addaudithook(audit)  # for the rest of this worker process: it counts nothing more
+    with open(path) as f:
+        f.read()
+    seen.append("done")
+    return seen[:-1]
+
+
+def test_the_first_file_of_a_task_reads_its_thread_s_clock_once(crux_client, tmp_path):
+    path = tmp_path / "first.txt"
+    path.write_text("first")
+    opened = crux_client.submit(opens_while_opening, str(path), pure=False).result()
+    # The file, then its thread's account of CPU time, once (not the account noted as
+    # the task's first file in turn, down to the end of the stack).
+    assert opened[0] == str(path)
+    accounts = [p for p in opened if p.startswith("/proc/self/task/")]
+    assert len(accounts) == 1 and len(opened) == 2, opened[:5]
 
 
 def write_and_remove(path: str) -> int:

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from crux_dask.growable import NO_CODE
-from crux_dask.model import CauseKind, MutationKind, location_class
+from crux_dask.model import SHARDS_LABEL, CauseKind, MutationKind, location_class
 from crux_dask.replay import Gaps, Run
 from crux_dask.store import NO_THREAD, PAGStore
 
@@ -310,9 +310,13 @@ def _spill(store: PAGStore, transfers: np.ndarray, src: np.ndarray, dst: np.ndar
 
     A spill to disk is charged to the task that finished last on its worker
     before it began (its result filled the memory); a load back from disk to
-    the task that consumed the loaded copy.
+    the task that consumed the loaded copy.  A P2P shuffle's shards, which it
+    writes to disk in threads of its own while tasks run, are no spill.
     """
     spill = np.zeros(len(order))
+    labels = np.asarray(store.labels.values, dtype=object)[
+        store.column("key_label", store.column("state_key", dst[transfers]))]
+    transfers = transfers[labels != SHARDS_LABEL]
     out = transfers[(where[src[transfers]] == "memory") & (where[dst[transfers]] == "disk")]
     if len(out):
         stops = store.column("state_time", order)

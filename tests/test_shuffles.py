@@ -417,3 +417,10 @@ def test_what_to_fix_a_hash_join_whose_path_runs_through_its_shards():
     speedups = changes[changes["change"].str.endswith(" 2x faster")]
     assert len(speedups) and set(speedups["change"].str.removesuffix(" 2x faster")) <= set(
         pag.states["label"])
+    # The shuffle wrote its shards to disk in threads of its own, while the tasks ran:
+    # no spill for a task to carry, nor for "no spill" to save.
+    states = pag.states
+    assert (states.loc[states["label"] == SHARDS_LABEL, "location"]
+            .str.startswith("disk@").any())
+    assert pag.what_if().run.spill.sum() == 0.0
+    assert changes.set_index("change").loc["no spill", "saved"] == 0.0

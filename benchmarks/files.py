@@ -90,7 +90,8 @@ def main() -> None:
     print(f"{'':<12}{'no plugin':>12}{'crux':>12}{'crux/none':>12}")
     for label, values in (("task", task), ("round wall", wall), ("worker CPU", cpu)):
         none, crux = statistics.median(values["none"]), statistics.median(values["crux"])
-        print(f"{label:<12}{none:>12.4f}{crux:>12.4f}{crux / none:>12.3f}")
+        ratio = f"{crux / none:>12.3f}" if none > 0 else f"{'-':>12}"  # CPU below a tick
+        print(f"{label:<12}{none:>12.4f}{crux:>12.4f}{ratio}")
     print(f"file states recorded: {recorded:,} (one per file)")
 
 

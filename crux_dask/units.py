@@ -69,7 +69,15 @@ class Units:
 def units_of(run: Run, threads: int, most: int = UNITS) -> Units | None:
     """Join ``run``'s tasks into about ``most`` units for shapes of up to ``threads``
     threads in all; None where the run has no more tasks than that, or where its
-    ranks are not an order of its inputs (each task after all its inputs)."""
+    ranks are not an order of its inputs (each task after all its inputs).  Found once
+    per run and request, so that the replays keyed by them (the unchanged one) are too."""
+    key = ("units", threads, most)
+    if key not in run.memo:
+        run.memo[key] = _units(run, threads, most)
+    return run.memo[key]
+
+
+def _units(run: Run, threads: int, most: int) -> Units | None:
     n = run.n_tasks
     join = math.ceil(n / most) if most > 0 else 1
     consumers = np.repeat(np.arange(n), np.diff(run.dep_ptr))

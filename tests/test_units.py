@@ -36,7 +36,7 @@ def test_units_keep_every_task_its_seconds_bytes_and_inputs():
     pag = layers(width=128, depth=3, seconds=0.05)
     run = extract(pag.stores[0], pag.ends[0])
     units = units_of(run, threads=4, most=run.n_tasks // 4)
-    assert units is not None
+    assert units is not None and units_of(run, threads=4, most=run.n_tasks // 4) is units
     joined = units.run
     # Each task in one unit, each unit of one label; seconds and bytes add up.
     assert np.bincount(units.of).tolist() == units.tasks.tolist()

@@ -143,17 +143,27 @@ def gil_most(run: Run, n_labels: int) -> np.ndarray:
     """The most of each label's CPU time that can hold the GIL, as its tasks' runs on one
     worker at once tell it: one GIL holds for one task at a time, so tasks of one label
     that ran together on the CPU for ``k`` cores' worth held it for ``1 / k`` of that at
-    most.  1 for a label whose tasks never ran together."""
-    begin, end, density = recorded(run)
+    most.  1 for a label whose tasks never ran together.
+
+    Of a task's CPU seconds, those it must have spent in an interval of its run
+    are what its time outside the interval cannot hold: two tasks of 10 ms, each
+    9 ms on the CPU, that overlap for 1 ms may have taken turns on one core then.
+    """
+    begin, end, _ = recorded(run)
+    cpu = task_cpu(run)
+    wall = end - begin
     most = np.ones(n_labels)
     for w in np.unique(run.worker).tolist():
         mine = np.flatnonzero(run.worker == w)
-        for _, _, running in intervals(begin[mine], end[mine]):
-            labels = {int(run.label[mine[i]]) for i in running}
-            asked = sum(density[mine[i]] for i in running)
-            if len(running) > 1 and len(labels) == 1 and asked > 1.0:
-                (label,) = labels
-                most[label] = min(most[label], 1.0 / asked)
+        for since, until, running in intervals(begin[mine], end[mine]):
+            tasks = mine[running]
+            labels = np.unique(run.label[tasks])
+            if len(tasks) < 2 or len(labels) > 1:
+                continue
+            span = until - since
+            inside = np.maximum(cpu[tasks] - (wall[tasks] - span), 0.0).sum() / span
+            if inside > 1.0:
+                most[labels[0]] = min(most[labels[0]], 1.0 / inside)
     return most
 
 

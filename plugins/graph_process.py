@@ -136,19 +136,29 @@ class GraphProcess(Pipes, Recorder):
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
-        """Start the process, from the writer thread: it takes a while (0.6 s of CPU,
-        mostly imports), which left to the first thing to send fell on the first
-        computation recorded, on the cores its workers were using."""
+        """Be ready to start the process, which starts with the first thing to send
+        beyond roots, or when a client attaches (from the writer thread: starting the
+        process takes a while)."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self._started = True
-        self._start_writer()
+
+    def begin(self) -> None:
+        """Start the process now: a client attached, and its next computation is to be
+        recorded.  Its start (0.6 s of CPU, mostly imports) otherwise fell on that
+        computation, on the cores its workers used; a scheduler with Crux preloaded
+        starts none until it has something to build."""
+        if not self._started:
+            self._started = True
+            self._start_writer()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop the process and the threads, waiting at most ``timeout`` seconds for
         the process to finish what it was doing (it is killed after that); one still
         starting is told to stop, and not waited for."""
         self._closing = True
+        if not self._started:
+            self.alive = False  # never to start
+            return
         self._post(("close",))
         process = self._process
         if process is not None and not self._heard:
@@ -196,8 +206,9 @@ class GraphProcess(Pipes, Recorder):
 
     def tick(self) -> None:
         """The periodic callback: send what was recorded since the last call."""
-        if not self.queue:
-            return
+        if not self.queue or (not self._started
+                              and all(type(entry) is Graph for entry in self.queue)):
+            return  # nothing, or only roots: no process for them yet
         entries, self.queue = list(self.queue), deque()
         batch_bytes, self._queued_bytes = self._queued_bytes, 0
         self.sent += self.pending

@@ -27,6 +27,7 @@ from crux_dask.codec import encode_batch
 from crux_dask.plugins.frames import Frames
 from crux_dask.plugins.graph_pipe import RESTARTS
 from crux_dask.plugins.graph_process import MESSAGE_BYTES, GraphProcess
+from crux_dask.plugins.scheduler import CruxSchedulerPlugin
 from crux_dask.plugins.spool import Spool
 from crux_dask.plugins.staging import PIECES_AHEAD, KeptPieces, Pieces, Staging
 from crux_dask.plugins.worker import flush_worker
@@ -352,12 +353,17 @@ async def test_a_staging_let_go_while_its_client_fetches_is_made_again(c, s, a, 
 
 
 @gen_cluster(client=True)
-async def test_the_graph_process_starts_with_the_plugin_not_in_the_first_computation(
+async def test_the_graph_process_starts_on_attach_not_in_the_first_computation(
         c, s, a, b):
-    """The process starts, and imports what it needs, when Crux attaches: its CPU (0.6 s,
-    mostly imports) falls before the first computation recorded, not on its cores."""
-    await crux_dask.attach(c)
+    """The process starts, and imports what it needs, when a client attaches Crux: its
+    CPU (0.6 s, mostly imports) falls before the first computation recorded, not on
+    its cores.  A scheduler with Crux preloaded starts none until it has something to
+    build."""
+    await c.register_plugin(CruxSchedulerPlugin())  # as a preload would
     host = s.plugins["crux"].host
+    assert not host._started
+    await crux_dask.attach(c)  # the plugin is the same one: registering is idempotent
+    assert s.plugins["crux"].host is host and host._started
     await async_poll_for(lambda: host.remote["cpu_seconds"] > 0, timeout=30)  # it said
     process = psutil.Process(host.remote["pid"])
     started = sum(process.cpu_times()[:2])

@@ -136,21 +136,8 @@ def record(workload: Callable[..., Any], workers: int, threads: int,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         dask.compute(workload(**params))  # warm-up: imports, connections
         crux_dask.attach(client)
-        _started(client)
         dask.compute(workload(**params))
         return crux_dask.get_pag(client), crux_dask.get_load(client)
-
-
-def _started(client: Client) -> None:
-    """Wait until Crux's graph process, which starts as Crux attaches, said it is up: its
-    start (0.6 s of CPU) would otherwise fall on the run recorded."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        process = crux_dask.get_stats(client)["graph_process"]
-        if process is None or process["cpu_seconds"] > 0:
-            return
-        time.sleep(0.05)
-    raise TimeoutError("Crux's graph process did not start in 60 s")
 
 
 def never_slower(pag: Any, load: Any) -> dict[str, float]:

@@ -137,19 +137,10 @@ class GraphProcess(Pipes, Recorder):
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
         """Be ready to start the process, which starts with the first thing to send
-        beyond roots, or when a client attaches (from the writer thread: starting the
+        beyond roots, or with the first question (from the writer thread: starting the
         process takes a while)."""
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-
-    def begin(self) -> None:
-        """Start the process now: a client attached, and its next computation is to be
-        recorded.  Its start (0.6 s of CPU, mostly imports) otherwise fell on that
-        computation, on the cores its workers used; a scheduler with Crux preloaded
-        starts none until it has something to build."""
-        if not self._started:
-            self._started = True
-            self._start_writer()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop the process and the threads, waiting at most ``timeout`` seconds for

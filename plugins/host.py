@@ -93,9 +93,6 @@ class GraphHost(Protocol):
     def sizes(self) -> dict[str, Any]:
         """The graph's size and what is pending, for the plugin's stats."""
 
-    def begin(self) -> None:
-        """Be ready to record now (a client attached)."""
-
     async def close(self) -> None:
         """Stop."""
 
@@ -123,9 +120,6 @@ class LocalHost(Ingest):
 
     def sizes(self) -> dict[str, Any]:
         return {"events_pending": self.pending, "graph_process": None}
-
-    def begin(self) -> None:
-        return None  # the graph is in this process: nothing to start
 
     async def close(self) -> None:
         return None

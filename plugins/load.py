@@ -50,9 +50,10 @@ class LoadSampler:
         self._tick = dask.utils.parse_timedelta(
             dask.config.get("distributed.admin.tick.interval"), "s")
         self._heard: dict[str, float] = {}  # worker -> its metrics' time last sampled
-        self._due = time.time() + interval  # the callback starts with the sampler
+        self._due = time.time()
         #: What takes the samples, among the scheduler's periodic callbacks.
         self.callback = PeriodicCallback(self.sample, interval * 1000)
+        self.sample()  # a run shorter than the interval still has its hosts' cores
 
     def sample(self) -> None:
         """Take a sample of the scheduler, and one of each worker heard from since."""

@@ -353,21 +353,19 @@ async def test_a_staging_let_go_while_its_client_fetches_is_made_again(c, s, a, 
 
 
 @gen_cluster(client=True)
-async def test_the_graph_process_starts_on_attach_not_in_the_first_computation(
-        c, s, a, b):
-    """The process starts, and imports what it needs, when a client attaches Crux: its
-    CPU (0.6 s, mostly imports) falls before the first computation recorded, not on
-    its cores.  A scheduler with Crux preloaded starts none until it has something to
+async def test_attach_returns_once_the_graph_process_is_up(c, s, a, b):
+    """``attach`` waits for the process to start and import what it needs: its CPU
+    (0.6 s, mostly imports) falls before the first computation recorded, not on its
+    cores.  A scheduler with Crux preloaded starts none until it has something to
     build."""
     await c.register_plugin(CruxSchedulerPlugin())  # as a preload would
     host = s.plugins["crux"].host
     assert not host._started
     await crux_dask.attach(c)  # the plugin is the same one: registering is idempotent
-    assert s.plugins["crux"].host is host and host._started
-    await async_poll_for(lambda: host.remote["cpu_seconds"] > 0, timeout=30)  # it said
+    assert s.plugins["crux"].host is host and host.remote["pid"] is not None
     process = psutil.Process(host.remote["pid"])
     started = sum(process.cpu_times()[:2])
-    assert host.remote["cpu_seconds"] > 0.1 and started > 0.1
+    assert started > 0.1
     assert await c.submit(inc, 1, key="one") == 2
     await crux_dask.flush(c)
     assert sum(process.cpu_times()[:2]) - started < 0.1
@@ -379,24 +377,23 @@ async def test_a_scheduler_closes_without_waiting_for_a_graph_process_still_star
     """A scheduler closed while its graph process still starts (it imports this package)
     does not wait for it; once started, it reads "close" and
     exits."""
+    await c.register_plugin(CruxSchedulerPlugin())  # as a preload would: nothing started
+    ingest = s.plugins["crux"].host
+    assert not ingest._started
     may_start = threading.Event()
-    spawn = GraphProcess._spawn
-    GraphProcess._spawn = lambda self: (may_start.wait(30), spawn(self))[1]
-    try:
-        await crux_dask.attach(c)
-        ingest = s.plugins["crux"].host
-        assert ingest._started  # the writer starts, and waits to spawn the process
-        assert await c.submit(inc, 1, key="one") == 2
-        await c.close()
-        # It would otherwise wait for word from the process, 5 s at most.
-        await asyncio.wait_for(s.close(), 4)
-        assert ingest._process is None and not ingest.alive  # closed, not waiting
-        may_start.set()
-        await async_poll_for(lambda: ingest._process is not None
-                             and ingest._process.poll() is not None, timeout=30)
-        assert ingest._process.returncode == 0
-    finally:
-        GraphProcess._spawn = spawn
+    spawn = ingest._spawn
+    ingest._spawn = lambda: (may_start.wait(30), spawn())[1]
+    assert await c.submit(inc, 1, key="one") == 2
+    ingest.tick()  # the writer starts, and waits to spawn the process
+    assert ingest._started
+    await c.close()
+    # It would otherwise wait for word from the process, 5 s at most.
+    await asyncio.wait_for(s.close(), 4)
+    assert ingest._process is None and not ingest.alive  # closed, not waiting
+    may_start.set()
+    await async_poll_for(lambda: ingest._process is not None
+                         and ingest._process.poll() is not None, timeout=30)
+    assert ingest._process.returncode == 0
 
 
 def test_a_staging_reads_its_parts_as_one_sequence():

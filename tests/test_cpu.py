@@ -100,8 +100,12 @@ def test_two_threads_of_a_worker_never_give_a_task_more_than_its_run():
     wall = tasks["compute_stop"] - tasks["compute_start"]
     known = tasks["compute_cpu"].notna()
     assert known.sum() >= len(tasks) / 2
-    assert (tasks.loc[known, "compute_cpu"] <= wall[known] + 0.005).all()
-    assert (tasks.loc[known, "compute_cpu"] >= 0.05 - 0.005).all()
+    # Linux's account of a thread that runs as it is read is updated at its ticks and
+    # switches: a task's seconds may be off by a few milliseconds, made up by the next
+    # one's (+10 ms seen once in a full suite), far less than the 50 ms of another task.
+    late = 0.02
+    assert (tasks.loc[known, "compute_cpu"] <= wall[known] + late).all()
+    assert (tasks.loc[known, "compute_cpu"] >= 0.05 - late).all()
 
 
 def test_a_thread_that_has_ended_reads_as_unknown():

@@ -28,6 +28,7 @@ from crux_dask.graph.builder import PAGBuilder
 from crux_dask.pag import PAG
 from crux_dask.plugins.engine import PROCESS_SLICE, Engine, recover
 from crux_dask.plugins.ingest import Ingest
+from crux_dask.plugins import CruxSchedulerPlugin
 from crux_dask.plugins.journal import journals
 from crux_dask.plugins.spool import Spool
 from crux_dask.wcp import critical_path
@@ -82,12 +83,15 @@ def reference(messages: list[tuple], run_id: str, park_timeout: float) -> PAG:
 def test_a_graph_process_killed_mid_run_is_resumed_and_loses_nothing(tmp_path):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        crux_dask.attach(client)
+        # The scheduler's side first, to see every message from the first (attach sends
+        # what it recorded so far as soon as the process is up).
+        client.register_plugin(CruxSchedulerPlugin())
         host = cluster.scheduler.plugins["crux"].host
         sent: list[tuple] = []
         send = host._send
         host._send = lambda entries: (sent.append(("entries", len(sent), list(entries))),
                                       send(entries))[1]
+        crux_dask.attach(client)
         futures = client.compute(layered(8, 40))
         poll_for(lambda: host.remote["pid"] is not None and host.progress().n_states > 40,
                  timeout=30)

@@ -161,20 +161,24 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
 
     A task waits for the GIL while the other tasks of its worker hold it: each
     of them, over its run, held it at its recorded density times its GIL
-    share, and at most one holds it at a time.  Of the task's run off the
-    CPU, and not waiting for a core the machine explains, the seconds the
-    others held the GIL are a wait for it in the share the task holds the
-    GIL itself (a task that releases it never waits for it; one that holds
-    it waits whenever it is held).  A wait on the run queue that the cores do
-    not explain counts as off the CPU: a thread the GIL is handed to wakes and
-    waits its turn for a core (eight pure-Python threads of one worker on two
+    share, and at most one holds it at a time.  Of the run off the CPU of a
+    task that uses the CPU, and not waiting for a core the machine explains,
+    the seconds the others held the GIL are a wait for it, whatever its own
+    share: a thread that lets go of the GIL, for a call into C or a read, waits
+    for it again behind the holder's switch interval: the 31 ``getitem`` tasks
+    of TPC-H Q1 took 0.08 s on one thread, and 0.28 s, 0.10 s of it on the
+    CPU, on two beside an ``astype`` that held the GIL.  A task without CPU
+    seconds (a sleep) waits for nothing.  A wait on the run queue that the
+    cores do not explain counts as off the CPU: a thread the GIL is handed to
+    wakes and waits its turn for a core (eight pure-Python threads of one worker on two
     idle cores waited 0.47 s so, of 1.4 s of CPU).  The rest of the run off
     the CPU (a read, a sleep) stays.
 
     Parameters
     ----------
     gil : numpy.ndarray
-        The GIL share of each task.
+        The GIL share of each task: of its CPU time, how much it held the GIL
+        (which the others waited for).
     cores_waited : numpy.ndarray
         The seconds each task waited for a core, of those its thread's clock
         measured, that the replay's sharing of cores plays again.
@@ -197,7 +201,8 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
     # queue that the cores do not explain follows the GIL's handing over as often.
     explained = np.minimum(cores_waited, waited)
     off = np.maximum(wall - explained - cpu, 0.0)
-    solo = np.maximum(wall - explained - gil * np.minimum(off, held), np.minimum(cpu, wall))
+    solo = np.maximum(wall - explained - (cpu > 0) * np.minimum(off, held),
+                      np.minimum(cpu, wall))
     found = np.divide(cpu, solo, out=np.zeros(run.n_tasks), where=solo > 0).clip(0.0, 1.0)
     return solo, found
 

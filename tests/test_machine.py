@@ -23,7 +23,7 @@ import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.machine import KNOCK_WAIT, core_waits, gil_most, machine_of
 from crux_dask.recording import DASK_BANDWIDTH, extract
-from crux_dask.sharing import _fair, _gil_shared
+from crux_dask.sharing import _fair, _gil_shared, solo_seconds
 from crux_dask.whatif import _gaps_at
 
 HOST = "tcp://127.0.0.1:{}"
@@ -173,6 +173,26 @@ def test_only_the_cpu_seconds_an_overlap_must_hold_bound_the_gil_share():
         run = extract(pag.store(), pag.ends[0])
         found = gil_most(run, len(run.store.labels))[run.store.labels.codes["work"]]
         assert found == pytest.approx(most), overlap
+
+
+def test_a_task_off_the_cpu_while_another_holds_the_gil_was_waiting_for_it():
+    # On three threads of one worker, beside a task that held the GIL for all of its 0.1 s:
+    # a task 0.03 s on the CPU, whose own share is low, waited the rest of its 0.1 s for
+    # the GIL (a thread that lets go of it waits again behind the holder); a task that
+    # slept for the same 0.1 s waited for nothing.
+    builder = PAGBuilder(run_id="made")
+    builder.apply(("root", 0.0, "graph"))
+    for thread, (name, cpu) in enumerate([("hold", 0.1), ("short", 0.03), ("nap", 0.0)]):
+        builder.compute(f"('{name}-ab', 0)", HOST.format(1), thread, 0.01, 0.11, 8,
+                        sent=0.0, received=0.005, runnable=0.005, priority=float(thread),
+                        cpu=cpu, cpu_wait=0.0)
+    builder.transfer("('hold-ab', 0)", f"memory@{HOST.format(1)}", "client", 0.12, 0.13)
+    pag = builder.pag()
+    run = extract(pag.store(), pag.ends[0])
+    gil = np.where(run.label_names == "hold", 1.0, 0.2)
+    solo, density = solo_seconds(run, gil, np.zeros(run.n_tasks))
+    by_name = dict(zip(run.label_names.tolist(), solo.tolist()))
+    assert by_name == pytest.approx({"hold": 0.1, "short": 0.03, "nap": 0.1})
 
 
 def test_the_wait_for_the_gil_and_for_cores_is_taken_out_of_a_recording():

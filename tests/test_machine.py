@@ -191,8 +191,11 @@ def test_a_task_off_the_cpu_while_another_holds_the_gil_was_waiting_for_it():
     run = extract(pag.store(), pag.ends[0])
     gil = np.where(run.label_names == "hold", 1.0, 0.2)
     solo, density = solo_seconds(run, gil, np.zeros(run.n_tasks))
-    by_name = dict(zip(run.label_names.tolist(), solo.tolist()))
-    assert by_name == pytest.approx({"hold": 0.1, "short": 0.03, "nap": 0.1})
+    names = run.label_names.tolist()
+    assert dict(zip(names, solo.tolist())) == pytest.approx(
+        {"hold": 0.1, "short": 0.03, "nap": 0.1})
+    assert dict(zip(names, density.tolist())) == pytest.approx(  # alone, all on the CPU
+        {"hold": 1.0, "short": 1.0, "nap": 0.0})
 
 
 def test_the_wait_for_the_gil_and_for_cores_is_taken_out_of_a_recording():

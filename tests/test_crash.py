@@ -26,9 +26,9 @@ from distributed.utils_test import poll_for
 import crux_dask
 from crux_dask.graph.builder import PAGBuilder
 from crux_dask.pag import PAG
+from crux_dask.plugins import CruxSchedulerPlugin
 from crux_dask.plugins.engine import PROCESS_SLICE, Engine, recover
 from crux_dask.plugins.ingest import Ingest
-from crux_dask.plugins import CruxSchedulerPlugin
 from crux_dask.plugins.journal import journals
 from crux_dask.plugins.spool import Spool
 from crux_dask.wcp import critical_path

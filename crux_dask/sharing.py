@@ -103,6 +103,11 @@ class Sharing:
     leaves when they are done; at each change on a host, every task running
     there is advanced at its old rate and given its new one, and its new end
     is pushed where it moved (older ends are stale: :meth:`due`).
+
+    A host is *unhurried* while its tasks ask for no more than its cores and
+    each worker's for no more than its GIL: each then runs at its solo speed,
+    and a task that joins or leaves changes no other's, which is known here
+    without sharing the host out again.
     """
 
     def __init__(self, host_of: list[int], cores: list[float], background: list[float],
@@ -115,6 +120,11 @@ class Sharing:
         self.rate: dict[int, float] = {}
         self.ends: dict[int, float] = {}
         self.since = [0.0] * hosts
+        # The CPU the tasks of each host ask for, and the GIL those of each worker do,
+        # alone; whether each host's tasks all run at their solo speed.
+        self.used = [0.0] * hosts
+        self.locked = [0.0] * len(host_of)
+        self.unhurried = [True] * hosts
 
     def join(self, t: float, task: int, worker: int, seconds: float, push: Push) -> None:
         """``task`` starts on ``worker`` at ``t`` with ``seconds`` of solo progress."""
@@ -122,14 +132,35 @@ class Sharing:
         self._advance(h, t)
         self.running[h][task] = worker
         self.left[task] = seconds
-        self._rates(h, t, push)
+        density = self.density[task]
+        self.used[h] += density
+        self.locked[worker] += density * self.gil[task]
+        if self.unhurried[h] and self.locked[worker] <= 1.0 and (
+                self.used[h] + self.background[h] <= self.cores[h]):
+            self.rate[task] = 1.0
+            end = self.ends[task] = t + seconds
+            push(end, task, worker)
+        else:
+            self._rates(h, t, push)
 
     def leave(self, t: float, task: int, worker: int, push: Push) -> None:
         """``task`` ended at ``t``."""
         h = self.host_of[worker]
         self._advance(h, t)
-        del self.running[h][task], self.left[task], self.rate[task], self.ends[task]
-        self._rates(h, t, push)
+        running = self.running[h]
+        del running[task], self.left[task], self.rate[task], self.ends[task]
+        if not running:  # the sums start again from nothing, without rounding left over
+            self.used[h] = 0.0
+            for w in range(len(self.host_of)):
+                if self.host_of[w] == h:
+                    self.locked[w] = 0.0
+            self.unhurried[h] = True
+            return
+        density = self.density[task]
+        self.used[h] -= density
+        self.locked[worker] -= density * self.gil[task]
+        if not self.unhurried[h]:  # with less asked, every task still at solo speed
+            self._rates(h, t, push)
 
     def due(self, task: int, t: float) -> bool:
         """Whether ``t`` is ``task``'s end as last planned (not a stale one)."""
@@ -145,13 +176,16 @@ class Sharing:
         """Give each task running on host ``h`` its rate from ``t``, and push its end
         where it moved (an end that did not is still to come)."""
         running, rates, left, ends = self.running[h], self.rate, self.left, self.ends
+        unhurried = True
         for task, unit in unit_times(running, self.density, self.gil, self.cores[h],
                                      self.background[h]).items():
             rate = rates[task] = 1.0 / unit
+            unhurried = unhurried and rate == 1.0
             end = t + max(left[task], 0.0) / rate
             if ends.get(task) != end:
                 ends[task] = end
                 push(end, task, running[task])
+        self.unhurried[h] = unhurried
 
 
 def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
@@ -209,7 +243,8 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
 
 def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float, list[int]]]:
     """Each interval between two moments of these runs in which some ran: ``(since,
-    until, the runs then)``; a run that ends as another starts is not with it."""
+    until, the runs then)``; a run that ends as another starts is not with it, and a run
+    of no time is with none."""
     n = len(begin)
     moments = np.concatenate([begin, end])
     running: dict[int, None] = {}
@@ -220,7 +255,8 @@ def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float
             yield last, t, list(running)
         last = t
         if at < n:
-            running[at] = None
+            if end[at] > begin[at]:  # else its end came first, and it would stay
+                running[at] = None
         else:
             running.pop(at - n, None)
 

@@ -23,7 +23,14 @@ import crux_dask
 from crux_dask import PAGBuilder
 from crux_dask.machine import KNOCK_WAIT, core_waits, gil_most, machine_of
 from crux_dask.recording import DASK_BANDWIDTH, extract
-from crux_dask.sharing import _fair, _gil_shared, solo_seconds
+from crux_dask.sharing import (
+    Sharing,
+    _fair,
+    _gil_shared,
+    intervals,
+    solo_seconds,
+    unit_times,
+)
 from crux_dask.whatif import _gaps_at
 
 HOST = "tcp://127.0.0.1:{}"
@@ -77,6 +84,50 @@ def test_the_gil_is_shared_fairly_and_cores_as_far_as_they_go():
     assert _gil_shared([0, 1], [1.0, 1.0], [1.0, 1.0], 1.0) == {0: 2.0, 1: 2.0}
     assert _gil_shared([0, 1], [1.0, 1.0], [0.0, 0.0], 1.0) == {0: 1.0, 1: 1.0}
     assert _gil_shared([0, 1], [1.0, 0.2], [1.0, 1.0], 1.0) == pytest.approx({0: 1.25, 1: 1.0})
+
+
+def test_every_task_runs_at_the_rate_its_host_and_worker_leave_it():
+    # Tasks join and leave two hosts of 2 cores (workers 0, 1 on one, 2 on the other);
+    # after each change every task running has the rate the sharing of cores and GIL
+    # gives it, whether the host asked for less than it has (each at solo speed, not
+    # recomputed) or more, and its end planned is pushed.
+    rng = np.random.default_rng(7)
+    n = 400
+    density = rng.choice([0.0, 0.3, 1.0], n).tolist()
+    gil = rng.choice([0.0, 0.5, 1.0], n).tolist()
+    host_of, cores, background = [0, 0, 1], [2.0, 2.0], [0.25, 0.0]
+    sharing = Sharing(host_of, cores, background, density, gil)
+    running: dict[int, int] = {}
+    ends: dict[int, float] = {}
+    push = lambda at, task, worker: ends.__setitem__(task, at)  # noqa: E731
+    solo = full = 0
+    for step in range(2 * n):
+        t = step * 0.01
+        if running and (len(running) > 6 or rng.random() < 0.45 or step >= n):
+            task = int(rng.choice(list(running)))
+            sharing.leave(t, task, running.pop(task), push)
+        elif step < n:
+            running[step] = int(rng.integers(3))
+            sharing.join(t, step, running[step], 1.0, push)
+        for h in (0, 1):
+            mine = {i: w for i, w in running.items() if host_of[w] == h}
+            units = unit_times(mine, density, gil, cores[h], background[h])
+            for i in mine:
+                assert sharing.rate[i] == pytest.approx(1.0 / units[i], rel=1e-12)
+                assert sharing.ends[i] == ends[i]
+            at_solo = all(u == pytest.approx(1.0) for u in units.values())
+            solo, full = solo + (bool(mine) and at_solo), full + (not at_solo)
+    assert solo > 50 and full > 50  # both kinds of host were checked
+
+
+def test_runs_are_together_only_while_both_run():
+    # Runs 0 and 1 overlap from 1 to 2; run 2 starts as run 0 ends, and run 3 takes no
+    # time at all: it is with no other run, and none comes after it.
+    begin, end = np.array([0.0, 1.0, 3.0, 1.5]), np.array([3.0, 2.0, 4.0, 1.5])
+    assert [(since, until, sorted(running)) for since, until, running
+            in intervals(begin, end)] == [(0.0, 1.0, [0]), (1.0, 1.5, [0, 1]),
+                                          (1.5, 2.0, [0, 1]), (2.0, 3.0, [0]),
+                                          (3.0, 4.0, [2])]
 
 
 def test_a_run_on_one_worker_assumes_dask_s_own_bandwidth():

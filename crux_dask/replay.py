@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -155,9 +156,15 @@ class Schedule:
     runnable: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    transfers: list[tuple[int, int, int, float, float]]
+    moves: list
     workers: int
     makespan: float
+
+    @property
+    def transfers(self) -> Iterator[tuple[int, int, int, float, float]]:
+        """Each transfer: ``(task, from worker, to worker, began, there)``."""
+        moves = self.moves
+        return zip(moves[0::5], moves[1::5], moves[2::5], moves[3::5], moves[4::5])
 
 
 def simulate(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Gaps,
@@ -219,10 +226,8 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
     neither read threads nor start tasks).
     """
     n, n_workers = run.n_tasks, workers
-    dep_ptr, deps = run.dep_ptr.tolist(), run.deps.tolist()
-    size, dur = run.size.tolist(), duration.tolist()
-    users, user_ptr = (a.tolist() for a in _users(run))
-    waiting = np.diff(run.dep_ptr).tolist()
+    dep_ptr, deps, size, total_in, users, user_ptr, inputs = _lists(run)
+    dur, waiting = duration.tolist(), list(inputs)
     # Expected seconds per label (what Dask's occupancy uses) and root-ish tasks.
     label = run.label
     per_label = np.bincount(label, duration) / np.maximum(np.bincount(label), 1)
@@ -232,16 +237,19 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
     slots = max(math.ceil(saturation * threads), 1) if math.isfinite(saturation) else n + 1
     w_of, th_of, released_by = [0] * n, [0] * n, [-1] * n
     t_sent, t_run, t_start, t_stop = ([0.0] * n for _ in range(4))
-    moved: list[tuple[int, int, int, float, float]] = []
+    # Five numbers a transfer, in one list: a tuple a transfer, a million of them in a
+    # replay of a large run, took the collector a second in a scaling.
+    moved: list[float] = []
+    record = moved.extend
     occupancy, processing = [0.0] * n_workers, [0] * n_workers
     free = [list(range(threads - 1, -1, -1)) for _ in range(n_workers)]
     ready: list[list[int]] = [[] for _ in range(n_workers)]
     queue: list[int] = []  # root-ish tasks waiting for a slot, by priority
-    held: dict[int, float] = {}  # task * workers + worker -> when its copy is there
+    held: list[dict[int, float]] = [{} for _ in range(n_workers)]  # task -> copy there
     holders: list[list[int] | None] = [None] * n  # the workers a result is at
     events: list[tuple[float, int]] = []
     heappush, heappop = heapq.heappush, heapq.heappop
-    dispatch, started = gaps.dispatch, 2 * n
+    dispatch, fetch, started = gaps.dispatch, gaps.fetch, 2 * n
 
     def assign(task: int, w: int, t: float) -> None:
         """Send ``task`` to ``w`` at ``t`` (its inputs all computed by then)."""
@@ -254,14 +262,15 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
             when = t + (gaps.slot if t > 0 else gaps.first)
         else:
             when = arrived = t + gaps.local
+            copies = held[w]
             for d in deps[lo:hi]:
-                there = t_stop[d] if w_of[d] == w else held.get(d * n_workers + w)
+                there = t_stop[d] if w_of[d] == w else copies.get(d)
                 if there is None:
-                    began = arrived + gaps.fetch
+                    began = arrived + fetch
                     there = began + latency + size[d] * per_byte
-                    held[d * n_workers + w] = there
+                    copies[d] = there
                     holders[d].append(w)
-                    moved.append((d, w_of[d], w, began, there))
+                    record((d, w_of[d], w, began, there))
                 if there > when:
                     when = there
         t_run[task] = when
@@ -289,22 +298,21 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
             assign(task, min(zip(occupancy, processing, range(n_workers)))[2], t)
             return
         have: dict[int, int] = {}  # worker -> bytes of the inputs it holds
+        get = have.get
         for d in deps[lo:hi]:
             nbytes = size[d]
             for w in holders[d]:
-                have[w] = have.get(w, 0) + nbytes
+                have[w] = get(w, 0) + nbytes
         if len(have) == 1:
             w = next(iter(have))
         else:
-            total = 0
-            for d in deps[lo:hi]:
-                total += size[d]
-            best = None
+            total, best, chosen = total_in[task], math.inf, -1
             for w, bytes_ in have.items():
-                key = (occupancy[w] / threads + per_byte * (total - bytes_), processing[w], w)
-                if best is None or key < best:
-                    best = key
-            w = best[2]
+                cost = occupancy[w] / threads + per_byte * (total - bytes_)
+                if cost < best or (cost == best and (processing[w], w) < (
+                        processing[chosen], chosen)):
+                    best, chosen = cost, w
+            w = chosen
         assign(task, w, t)
 
     def end(at: float, task: int, w: int) -> None:
@@ -358,6 +366,21 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
         raise ValueError("the replay could not run every task: the recorded inputs "
                          "form a cycle")
     return w_of, th_of, t_sent, released_by, t_run, t_start, t_stop, moved
+
+
+def _lists(run: Run) -> tuple[list, ...]:
+    """What every replay of ``run`` reads, as lists (made once per run): ``dep_ptr``,
+    ``deps``, ``size``, the bytes of each task's inputs together, its users as
+    compressed rows, and its number of inputs."""
+    found = run.memo.get("lists")
+    if found is None:
+        summed = np.concatenate([[0], np.cumsum(run.size[run.deps], dtype=np.int64)])
+        users, user_ptr = _users(run)
+        found = run.memo["lists"] = (
+            run.dep_ptr.tolist(), run.deps.tolist(), run.size.tolist(),
+            (summed[run.dep_ptr[1:]] - summed[run.dep_ptr[:-1]]).tolist(), users.tolist(),
+            user_ptr.tolist(), np.diff(run.dep_ptr).tolist())
+    return found
 
 
 def _users(run: Run) -> tuple[np.ndarray, np.ndarray]:

@@ -156,9 +156,11 @@ def gil_most(run: Run, n_labels: int) -> np.ndarray:
     for w in np.unique(run.worker).tolist():
         mine = np.flatnonzero(run.worker == w)
         for since, until, running in intervals(begin[mine], end[mine]):
+            if len(running) < 2:
+                continue
             tasks = mine[running]
-            labels = np.unique(run.label[tasks])
-            if len(tasks) < 2 or len(labels) > 1:
+            labels = run.label[tasks]
+            if (labels != labels[0]).any():
                 continue
             span = until - since
             inside = np.maximum(cpu[tasks] - (wall[tasks] - span), 0.0).sum() / span
@@ -231,11 +233,15 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
 
 
 def _demand(begin: np.ndarray, end: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The mean, over each task's run, of the cores the tasks running then wanted."""
-    area = np.zeros(len(begin))
-    for since, until, running in intervals(begin, end):
-        area[running] += (until - since) * wanted[running].sum()
-    return np.divide(area, end - begin, out=wanted.copy(), where=end > begin)
+    """The mean, over each task's run, of the cores the tasks running then wanted: the
+    cores wanted from each moment to the next (the runs begun less those ended), summed
+    over time up to each moment, from a task's begin to its end."""
+    moments = np.unique(np.concatenate([begin, end]))
+    first, last = np.searchsorted(moments, begin), np.searchsorted(moments, end)
+    step = np.bincount(first, wanted, len(moments)) - np.bincount(last, wanted, len(moments))
+    area = np.concatenate([[0.0], np.cumsum(np.cumsum(step)[:-1] * np.diff(moments))])
+    return np.divide(area[last] - area[first], end - begin, out=wanted.copy(),
+                     where=end > begin)
 
 
 def _during(load: pd.DataFrame, begin: float, end: float) -> pd.DataFrame:

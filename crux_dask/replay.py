@@ -146,7 +146,8 @@ class Schedule:
     ``sent``: when it was sent to its worker (later than its inputs were
     computed for a root task queued on the scheduler); ``released_by``: the
     task whose end freed the queue slot that sent it (``-1`` for none);
-    ``runnable``: at its worker with its inputs there.
+    ``runnable``: at its worker with its inputs there; ``moves``: the transfers,
+    five numbers each in one list (see :attr:`transfers`).
     """
 
     worker: np.ndarray
@@ -156,7 +157,7 @@ class Schedule:
     runnable: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    moves: list
+    moves: list[float]
     workers: int
     makespan: float
 

@@ -135,8 +135,10 @@ def what_to_fix(store: PAGStore, end: int, path: CriticalPath,
             advice.loc[i, "why"] += (f"; predicted for {workers} worker{'s' * (workers > 1)}"
                                      f" × {threads} thread{'s' * (threads > 1)}")
     changes = suggest(store, end, path, load, run, machine)
-    return pd.concat([advice.assign(kind="advice"), changes.assign(kind="what-if")],
-                     ignore_index=True)[list(SUGGESTION_COLUMNS)]
+    table = pd.concat([advice.assign(kind="advice"), changes.assign(kind="what-if")],
+                      ignore_index=True)[list(SUGGESTION_COLUMNS)]
+    # Without advice, its empty columns have no type, and would make the figures objects.
+    return table.astype(dict.fromkeys(SUGGESTION_COLUMNS[3:-1], float))
 
 
 def _predicted(store: PAGStore, end: int, run: Run, machine: Machine, advice: str

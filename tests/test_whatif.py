@@ -195,8 +195,8 @@ def test_suggestions_rank_the_prefix_on_the_path_first():
                                    "high", "saved", "saved_share", "replay_error", "path_then"]
     assert set(table["kind"]) == {"what-if"}  # no moments, no load: no advice
     # The figures are numbers even without advice (whose empty columns have no type).
-    assert (table.dtypes[["path_share", "predicted", "low", "high", "saved", "saved_share",
-                          "replay_error"]] == float).all()
+    figures = ["path_share", "predicted", "low", "high", "saved", "saved_share", "replay_error"]
+    assert all(pd.api.types.is_float_dtype(table[column]) for column in figures)
     assert table["change"].iloc[0] == "main 2x faster"
     assert table["saved"].is_monotonic_decreasing
     side = table.set_index("change").loc["side 2x faster", "saved"] if (

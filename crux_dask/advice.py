@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from crux_dask.machine import Machine
     from crux_dask.path import CriticalPath
-    from crux_dask.replay import Run
+    from crux_dask.runs import Run
     from crux_dask.scaling import Scaling
     from crux_dask.store import PAGStore
 

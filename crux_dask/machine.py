@@ -39,7 +39,7 @@ from crux_dask.sharing import Sharing, intervals, recorded, task_cpu
 if TYPE_CHECKING:
     import pandas as pd
 
-    from crux_dask.replay import Run
+    from crux_dask.runs import Run
 
 __all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "machine_of"]
 

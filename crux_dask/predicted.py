@@ -8,7 +8,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from crux_dask.pag import PAG
-    from crux_dask.replay import Run, Schedule
+    from crux_dask.replay import Schedule
+    from crux_dask.runs import Run
 
 __all__ = ["predicted_pag"]
 

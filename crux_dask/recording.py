@@ -15,7 +15,7 @@ import numpy as np
 
 from crux_dask.growable import NO_CODE
 from crux_dask.model import SHARDS_LABEL, CauseKind, MutationKind, location_class
-from crux_dask.replay import Gaps, Run
+from crux_dask.runs import Gaps, Run
 from crux_dask.store import NO_THREAD, PAGStore
 
 __all__ = ["extract"]
@@ -264,7 +264,7 @@ def _median(values: np.ndarray) -> float:
 
 def _gaps(start: np.ndarray, received: np.ndarray, data_t: np.ndarray, deps_t: np.ndarray,
           prev_t: np.ndarray, slot_t: np.ndarray, has_deps: np.ndarray, origin: float) -> Gaps:
-    """Each class of release's median gap (see :class:`Gaps`)."""
+    """Each class of release's median gap (see :class:`~crux_dask.runs.Gaps`)."""
     received = np.where(np.isfinite(received), received, start)
     by_slot = np.isfinite(slot_t)
     first = ~has_deps & ~by_slot

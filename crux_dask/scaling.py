@@ -24,7 +24,7 @@ import pandas as pd
 
 from crux_dask.machine import Machine, machine_of
 from crux_dask.recording import extract
-from crux_dask.replay import Run
+from crux_dask.runs import Run
 from crux_dask.store import PAGStore
 from crux_dask.units import UNITS, units_of
 from crux_dask.whatif import what_if

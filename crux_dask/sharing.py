@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from crux_dask.replay import Run
+    from crux_dask.runs import Run
 
 __all__ = ["Sharing", "intervals", "recorded", "solo_seconds", "task_cpu", "unit_times"]
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from crux_dask.replay import Run, root_groups
+from crux_dask.replay import root_groups
+from crux_dask.runs import Run
 
 __all__ = ["SPARE", "UNITS", "Units", "units_of"]
 

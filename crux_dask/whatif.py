@@ -30,7 +30,7 @@ model that behaves like ``distributed``'s scheduler and workers:
 * **scheduling gaps**: the medians measured in the run: from a task's release
   (its inputs computed, a queue slot freed, the graph's arrival) to its
   arrival at its worker, and from its inputs there and a thread free to its
-  start (see :class:`Gaps`); on other threads per worker, the round trip and
+  start (see :class:`~crux_dask.runs.Gaps`); on other threads per worker, the round trip and
   the dispatch scale with the threads that hold the GIL (:func:`_gaps_at`);
 * **spill**: the seconds a worker spent spilling after a task, or loading its
   input back from disk, are added to that task (dropped with ``spill=False``);
@@ -59,7 +59,8 @@ import pandas as pd
 from crux_dask.groups import Tasks, tasks
 from crux_dask.machine import Machine, core_waits, machine_of
 from crux_dask.recording import extract
-from crux_dask.replay import Gaps, Run, Schedule, simulate
+from crux_dask.replay import Schedule, simulate
+from crux_dask.runs import Gaps, Run
 from crux_dask.sharing import solo_seconds, task_cpu
 from crux_dask.store import PAGStore
 from crux_dask.units import Units

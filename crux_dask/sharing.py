@@ -124,6 +124,9 @@ class Sharing:
         # alone; whether each host's tasks all run at their solo speed.
         self.used = [0.0] * hosts
         self.locked = [0.0] * len(host_of)
+        self.workers_of: list[list[int]] = [[] for _ in range(hosts)]
+        for w, h in enumerate(host_of):
+            self.workers_of[h].append(w)
         self.unhurried = [True] * hosts
 
     def join(self, t: float, task: int, worker: int, seconds: float, push: Push) -> None:
@@ -151,9 +154,8 @@ class Sharing:
         del running[task], self.left[task], self.rate[task], self.ends[task]
         if not running:  # the sums start again from nothing, without rounding left over
             self.used[h] = 0.0
-            for w in range(len(self.host_of)):
-                if self.host_of[w] == h:
-                    self.locked[w] = 0.0
+            for w in self.workers_of[h]:
+                self.locked[w] = 0.0
             self.unhurried[h] = True
             return
         density = self.density[task]
@@ -248,6 +250,7 @@ def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float
     n = len(begin)
     moments = np.concatenate([begin, end])
     running: dict[int, None] = {}
+    lasting = (end > begin).tolist()
     last = 0.0
     for at in np.lexsort((np.r_[np.ones(n), np.zeros(n)], moments)).tolist():
         t = float(moments[at])
@@ -255,7 +258,7 @@ def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float
             yield last, t, list(running)
         last = t
         if at < n:
-            if end[at] > begin[at]:  # else its end came first, and it would stay
+            if lasting[at]:  # else its end came first, and it would stay
                 running[at] = None
         else:
             running.pop(at - n, None)

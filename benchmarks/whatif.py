@@ -103,7 +103,8 @@ def _with_cpu(event: tuple) -> tuple:
 def two_cores(origin: float) -> pd.DataFrame:
     """A load table: a sample of each worker, on a host of two cores, and the scheduler's."""
     rows = [{"process": p, "time": origin + 1.0, "cpu": 0.5, "lag": 0.0, "busy": 0.0,
-             "threads": 1.0, "cores": 2.0, "gil": float("nan")} for p in [*WORKERS, SCHEDULER]]
+             "threads": 1.0, "cores": 2.0, "gil": float("nan"), "cpu_time": float("nan")}
+            for p in [*WORKERS, SCHEDULER]]
     return pd.DataFrame(rows).astype(LOAD_COLUMNS)
 
 

@@ -137,7 +137,19 @@ def record(workload: Callable[..., Any], workers: int, threads: int,
         dask.compute(workload(**params))  # warm-up: imports, connections
         crux_dask.attach(client)
         dask.compute(workload(**params))
-        return crux_dask.get_pag(client), crux_dask.get_load(client)
+        return crux_dask.get_pag(client), load_after(client, time.time())
+
+
+def load_after(client: Client, ended: float, timeout: float = 5.0) -> Any:
+    """The cluster's load once each worker has sent a sample taken after ``ended`` (or
+    after ``timeout`` seconds): its process's CPU seconds then close the run's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        load = crux_dask.get_load(client)
+        sent = set(load.loc[(load["time"] > ended) & load["cpu_time"].notna(), "process"])
+        if set(client.scheduler_info()["workers"]) <= sent or time.monotonic() > deadline:
+            return load
+        time.sleep(0.05)
 
 
 def never_slower(pag: Any, load: Any) -> dict[str, float]:

@@ -51,6 +51,9 @@ async def _attach(client: Client, worker_options: dict[str, Any]) -> None:
     # would otherwise fall on the first computation recorded, on its workers' cores.
     await client.run_on_scheduler(_drain_on_scheduler)
     await client.register_plugin(CruxWorkerPlugin(**worker_options))
+    # A sample of each worker's CPU seconds before the first computation recorded: the
+    # work of its event loop is measured between two of them.
+    await client.run_on_scheduler(_hear_workers_on_scheduler)
 
 
 def flush(client: Client) -> Any:
@@ -236,6 +239,10 @@ def _plugin(server: Any) -> Any:
 
 async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).host.drain()
+
+
+async def _hear_workers_on_scheduler(dask_scheduler: Any) -> None:
+    await _plugin(dask_scheduler).load.hear_workers()
 
 
 # The analyses come back pickled where they ran, in pieces (see ``pickled``), staged for

@@ -4,16 +4,21 @@ own measures.
 Every worker's heartbeat carries its metrics (its system monitor's CPU and,
 where enabled, GIL contention; the mean interval of its event loop's ticks;
 the tasks it is executing); the worker plugin adds its host's cores
-(:data:`~crux_dask.plugins.protocol.CORES_METRIC`).  The scheduler's own CPU and
-GIL come from its system monitor, the cores of its host from Dask's count, and
-its event loop's lag from how late the sampler itself runs.  Each new heartbeat
+(:data:`~crux_dask.plugins.protocol.CORES_METRIC`) and its process's CPU seconds
+so far (:data:`~crux_dask.plugins.protocol.CPU_TIME_METRIC`).  The scheduler's own
+CPU and GIL come from its system monitor, its CPU seconds from its process's
+clock, the cores of its host from Dask's count, and its event loop's lag from
+how late the sampler itself runs.  Each new heartbeat
 becomes one sample of the :class:`~crux_dask.load.LoadLog`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import dask
@@ -21,16 +26,19 @@ from dask.system import CPU_COUNT
 from tornado.ioloop import PeriodicCallback
 
 from crux_dask.load import SCHEDULER, LoadLog
-from crux_dask.plugins.protocol import CORES_METRIC
+from crux_dask.plugins.protocol import CORES_METRIC, CPU_TIME_METRIC
 
 if TYPE_CHECKING:
     from distributed import Scheduler
 
-__all__ = ["LOAD_INTERVAL", "LoadSampler"]
+__all__ = ["HEAR_TIMEOUT", "LOAD_INTERVAL", "LoadSampler"]
 
 #: Seconds between two samples: as often as the workers of a small cluster send
 #: their heartbeats.
 LOAD_INTERVAL = 0.5
+#: Seconds :meth:`LoadSampler.hear_workers` waits at most: a heartbeat of a small
+#: cluster's worker comes every half second, of a large one's less often.
+HEAR_TIMEOUT = 2.0
 _NAN = float("nan")
 
 
@@ -62,7 +70,32 @@ class LoadSampler:
         self._due = now + self.interval
         recent = self.scheduler.monitor.recent()
         self.log.add(SCHEDULER, now, _share(recent.get("cpu")), lag, cores=float(CPU_COUNT),
-                     gil=_number(recent.get("gil_contention")))
+                     gil=_number(recent.get("gil_contention")), cpu_time=time.process_time())
+        self._sample_workers()
+
+    async def hear_workers(self, timeout: float = HEAR_TIMEOUT) -> None:
+        """Wait (at most ``timeout`` seconds) for a heartbeat of each worker that carries
+        its process's CPU seconds, and sample the workers then: the first run recorded
+        after Crux attached has a sample of them before its first task."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+                CPU_TIME_METRIC not in self.scheduler.workers[address].metrics
+                for address in self._alone() if address in self.scheduler.workers):
+            await asyncio.sleep(0.01)
+        self._sample_workers()
+
+    def _alone(self) -> set[str]:
+        """The workers whose process runs no other worker and not the scheduler (a
+        cluster of threads shares one): the CPU seconds of its process are theirs."""
+        pids = Counter(ws.pid for ws in self.scheduler.workers.values())
+        pids[os.getpid()] += 1
+        return {address for address, ws in self.scheduler.workers.items()
+                if pids[ws.pid] == 1}
+
+    def _sample_workers(self) -> None:
+        """Take a sample of each worker heard from since its last one (its process's CPU
+        seconds where they are its own)."""
+        alone = self._alone()
         for address, ws in self.scheduler.workers.items():
             metrics = ws.metrics
             heard = metrics.get("time")
@@ -75,7 +108,8 @@ class LoadSampler:
                          max(interval - self._tick, 0.0) if interval == interval else _NAN,
                          _number(counts.get("executing", 0)) if isinstance(counts, dict)
                          else _NAN, float(ws.nthreads), _number(metrics.get(CORES_METRIC)),
-                         _number(metrics.get("gil_contention")))
+                         _number(metrics.get("gil_contention")),
+                         _number(metrics.get(CPU_TIME_METRIC)) if address in alone else _NAN)
         for address in set(self._heard) - set(self.scheduler.workers):
             del self._heard[address]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CORES_METRIC", "EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW",
+__all__ = ["CORES_METRIC", "CPU_TIME_METRIC", "EVENTS_HANDLER", "FILES", "FILES_HANDLER", "FOLLOW",
            "PLUGIN_NAME", "REPORTED", "REPORT_FIELDS", "SHARDS", "TASKS", "TIMES",
            "key_string"]
 
@@ -18,6 +18,8 @@ PLUGIN_NAME = "crux"
 #: The worker metric (``Worker.metrics``, sent with each heartbeat) of the cores of
 #: the worker's host, as Dask counts them: what its busy threads compete for.
 CORES_METRIC = "crux-cores"
+#: The worker's metric of the CPU seconds its process has used (all its threads).
+CPU_TIME_METRIC = "crux-cpu-time"
 #: The scheduler RPC handler that receives the workers' event batches.
 EVENTS_HANDLER = "crux_events"
 #: The scheduler RPC handler's argument that carries, with a batch, the tasks the

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from dask.system import CPU_COUNT
@@ -36,7 +37,13 @@ from tornado.ioloop import PeriodicCallback
 from crux_dask.model import CLIENT, disk_location, memory_location
 from crux_dask.plugins import config
 from crux_dask.plugins.data_moves import DataMoves
-from crux_dask.plugins.protocol import CORES_METRIC, PLUGIN_NAME, REPORTED, key_string
+from crux_dask.plugins.protocol import (
+    CORES_METRIC,
+    CPU_TIME_METRIC,
+    PLUGIN_NAME,
+    REPORTED,
+    key_string,
+)
 from crux_dask.plugins.shuffles import ShardRecorder
 from crux_dask.plugins.task_reports import TaskReports
 
@@ -132,6 +139,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
         self._callback = PeriodicCallback(self._flush_soon, self._flush_period())
         self._callback.start()
         worker.metrics[CORES_METRIC] = _cores  # sent with each heartbeat
+        worker.metrics[CPU_TIME_METRIC] = _cpu_time
         self._probing = asyncio.ensure_future(self._probe_clock())
 
     async def teardown(self, worker: Worker) -> None:
@@ -144,6 +152,7 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
         """
         self._callback.stop()
         worker.metrics.pop(CORES_METRIC, None)
+        worker.metrics.pop(CPU_TIME_METRIC, None)
         if not self._probing.done():  # a scheduler that does not answer: stop asking
             self._probing.cancel()
             await asyncio.wait([self._probing])
@@ -253,6 +262,11 @@ class CruxWorkerPlugin(TaskReports, DataMoves, WorkerPlugin):
 def _cores(worker: Worker) -> int:
     """The cores of the worker's host, as Dask counts them (its affinity and limits)."""
     return CPU_COUNT
+
+
+def _cpu_time(worker: Worker) -> float:
+    """The CPU seconds the worker's process has used, all its threads."""
+    return time.process_time()
 
 
 # -- what the client runs on each worker ------------------------------------------

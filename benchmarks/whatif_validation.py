@@ -131,25 +131,15 @@ CASES = [
 def record(workload: Callable[..., Any], workers: int, threads: int,
            **params: Any) -> tuple[crux_dask.PAG, Any]:
     """Run ``workload`` on a fresh, warmed-up cluster with Crux attached; return its PAG
-    and its load (the cores and GIL contention the what-if replays with)."""
+    and its load (the cores, GIL contention and CPU seconds of each process that the
+    what-if replays with, up to a heartbeat of each worker after the run)."""
     with LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         dask.compute(workload(**params))  # warm-up: imports, connections
         crux_dask.attach(client)
         dask.compute(workload(**params))
-        return crux_dask.get_pag(client), load_after(client, time.time())
-
-
-def load_after(client: Client, ended: float, timeout: float = 5.0) -> Any:
-    """The cluster's load once each worker has sent a sample taken after ``ended`` (or
-    after ``timeout`` seconds): its process's CPU seconds then close the run's."""
-    deadline = time.monotonic() + timeout
-    while True:
-        load = crux_dask.get_load(client)
-        sent = set(load.loc[(load["time"] > ended) & load["cpu_time"].notna(), "process"])
-        if set(client.scheduler_info()["workers"]) <= sent or time.monotonic() > deadline:
-            return load
-        time.sleep(0.05)
+        ended = time.time()
+        return crux_dask.get_pag(client), crux_dask.get_load(client, after=ended)
 
 
 def never_slower(pag: Any, load: Any) -> dict[str, float]:

@@ -11,11 +11,14 @@ as the run tells it:
   load: the process's CPU affinity and cgroup quota, not only the host's
   processors; on a run on one host whose workers sent no heartbeat since
   Crux started, the scheduler's count).  The work besides the tasks is what
-  the load measures: the scheduler's process on a run on one host, and each
-  worker's process besides its tasks' threads (its event loop, its
-  transfers).  A task's wait for a core is taken out of its seconds as far as
-  that work and the tasks running with it explain it (:func:`core_waits`);
-  the rest (a program the load does not see, a burst) stays in them.
+  the load measures: the scheduler's process on a run on one host (its
+  *background*), and each worker's process besides its tasks' threads, per
+  task it ran (its *loop*: its event loop's messages, transfers and a
+  shuffle's comms, :func:`loop_seconds`; where its process's CPU seconds were
+  not sampled, its mean CPU besides its tasks, in its host's background).  A
+  task's wait for a core is taken out of its seconds as far as that work and
+  the tasks running with it explain it (:func:`core_waits`); the rest (a
+  program the load does not see, a burst) stays in them.
 * **The GIL**: distributed's GIL contention monitor (``gil`` of the load,
   where ``gilknocker`` is installed) says how much of each half second a
   worker's GIL was held; over the samples whose tasks were mostly of one
@@ -28,7 +31,7 @@ as the run tells it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +44,8 @@ if TYPE_CHECKING:
 
     from crux_dask.runs import Run
 
-__all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "machine_of"]
+__all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "loop_seconds",
+           "machine_of"]
 
 #: The GIL contention distributed's monitor reads of a worker whose GIL a task holds
 #: all the time: its probe asks for the GIL every millisecond (its default
@@ -71,12 +75,17 @@ class Machine:
     cores : list of float
         Cores of each host (``inf``: not known, no limit).
     background : list of float
-        Cores each host spends on other work than the tasks.
+        Cores each host spends on other work than the tasks and the workers' loops
+        (the scheduler's; a worker's process besides its tasks where its loop was
+        not measured, at its mean over the run).
     gil : numpy.ndarray
         Per label code: the share of its tasks' CPU time that holds the GIL
         (NaN: the run has no evidence).
     gil_most : numpy.ndarray
         Per label code: the most that share can be (:func:`gil_most`).
+    loop : list of float
+        Per recorded worker: the CPU seconds its process spent besides its
+        tasks' threads, per task (:func:`loop_seconds`; none: not measured).
     """
 
     host: list[int]
@@ -84,16 +93,19 @@ class Machine:
     background: list[float]
     gil: np.ndarray
     gil_most: np.ndarray
+    loop: list[float] = field(default_factory=list)
 
     def sharing(self, workers: int, density: np.ndarray, gil: np.ndarray,
-                background: list[float]) -> Sharing | None:
+                background: list[float], tasks: np.ndarray | None = None) -> Sharing | None:
         """What ``workers`` workers share, running tasks of these densities and GIL shares,
-        with the ``background`` of each host; None where no task uses the CPU (a run
-        recorded without CPU seconds): tasks then compete for nothing.
+        with the ``background`` of each host and each worker's loop after each task
+        (after ``tasks`` of them, for units of tasks); None where no task uses the CPU
+        (a run recorded without CPU seconds): tasks then compete for nothing.
 
         The recorded workers stay on their hosts; workers added join the
         host of a run on one host (a local cluster grows on its machine),
-        else each comes on a new host like the first one.
+        else each comes on a new host like the first one; an added worker's
+        loop is the mean of the recorded workers'.
         """
         if not density.any():
             return None
@@ -106,7 +118,11 @@ class Machine:
                 cores.append(cores[self.host[0]])
                 background.append(0.0)
                 hosts.append(len(cores) - 1)
-        return Sharing(hosts, cores, background, density.tolist(), gil.tolist())
+        loop = self.loop[:workers]
+        if loop:
+            loop += [sum(self.loop) / len(self.loop)] * (workers - len(loop))
+        return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), loop,
+                       None if tasks is None else tasks.tolist())
 
 
 def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
@@ -132,11 +148,51 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
             cores[0] = float(counted.max())
     if len(hosts) == 1:  # a local cluster: the scheduler's process shares the host
         background[0] = _mean_cpu(during, SCHEDULER)
+    loop = loop_seconds(run, load)
     cpu = task_cpu(run)
     for w, (worker, h) in enumerate(zip(run.workers, host)):
-        tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
-        background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
-    return Machine(host, cores, background, gil_shares(run, during, n_labels), most)
+        if math.isnan(loop[w]):  # not measured: its process's mean CPU besides its tasks
+            tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
+            background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
+            loop[w] = 0.0
+    return Machine(host, cores, background, gil_shares(run, during, n_labels), most, loop)
+
+
+def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:
+    """Each worker's CPU seconds besides its tasks' threads, per task: what its event loop
+    did for each (received it, reported it, sent and fetched data, a shuffle's comms).
+
+    Between the two samples of the worker's CPU seconds (``cpu_time``) that
+    bracket its tasks (the last before its first began and the first after its
+    last ended, or the nearest there are), its process used their difference,
+    and its tasks' threads their CPU seconds inside; the rest is shared by the
+    tasks that ended between them.  NaN without two such samples: a load
+    recorded before ``cpu_time`` was, or a worker that shares its process with
+    others (a cluster of threads), whose CPU seconds are not its own.
+    """
+    begin, end, _ = recorded(run)
+    cpu = task_cpu(run)
+    counted = load[load["cpu_time"].notna()] if "cpu_time" in load else load.iloc[:0]
+    loop = []
+    for w, worker in enumerate(run.workers):
+        mine = np.flatnonzero(run.worker == w)
+        samples = counted[counted["process"] == worker]
+        at = samples["time"].to_numpy() - run.origin
+        since, until = begin[mine].min(), end[mine].max()
+        first = max(int(np.searchsorted(at, since, side="right")) - 1, 0)
+        last = min(int(np.searchsorted(at, until)), len(at) - 1)
+        ended = (end[mine] > at[first]) & (end[mine] <= at[last]) if last > first else False
+        if not np.any(ended):
+            loop.append(math.nan)
+            continue
+        used = samples["cpu_time"].to_numpy()
+        wall = end[mine] - begin[mine]
+        inside = np.clip(np.minimum(end[mine], at[last]) - np.maximum(begin[mine], at[first]),
+                         0.0, None)
+        part = np.divide(inside, wall, out=ended.astype(float), where=wall > 0)
+        besides = used[last] - used[first] - float((cpu[mine] * part).sum())
+        loop.append(max(besides, 0.0) / int(ended.sum()))
+    return loop
 
 
 def gil_most(run: Run, n_labels: int) -> np.ndarray:
@@ -226,7 +282,10 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
         if not math.isfinite(cores) or not len(mine):
             continue
         wanted = (cpu[mine] + waited[mine]) / np.maximum(end[mine] - begin[mine], WAIT_CPU)
-        asked = _demand(begin[mine], end[mine], wanted) + machine.background[h]
+        loops = sum(seconds * float(np.sum(run.worker == w))
+                    for w, seconds in enumerate(machine.loop) if machine.host[w] == h)
+        asked = (_demand(begin[mine], end[mine], wanted) + machine.background[h]
+                 + loops / max(run.makespan, WAIT_CPU))
         explained[mine] = np.minimum(waited[mine],
                                      cpu[mine] * np.maximum(asked / cores - 1.0, 0.0))
     return explained

@@ -9,7 +9,10 @@ Tasks running at once share what they need, as fluids do:
 * the threads of one host share its cores, less what other work on the
   host uses (its *background*), evenly among those that ask;
 * the tasks of one worker process share its GIL, fairly: CPython hands it on
-  every switch interval to a thread that waits for it (:func:`unit_times`).
+  every switch interval to a thread that waits for it (:func:`unit_times`);
+* after each task, its worker's event loop works for it (reports it, sends
+  its data, a shuffle's shards) for the worker's *loop* seconds, on a core and
+  holding the GIL, beside the tasks still running there.
 
 :class:`Sharing` plays that forward for the what-if replay.  Recorded
 seconds are stretched by the cores and the GIL the recorded tasks waited
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Sharing", "intervals", "recorded", "solo_seconds", "task_cpu", "unit_times"]
 
+#: The share of a worker's event loop's CPU seconds that holds the GIL: all of it (its
+#: work is Python's: messages, pickling, a shuffle's bookkeeping).
+LOOP_GIL = 1.0
 #: What plans a task's end: ``push(time, task, worker)``.
 Push = Callable[[float, int, int], None]
 
@@ -108,11 +114,23 @@ class Sharing:
     each worker's for no more than its GIL: each then runs at its solo speed,
     and a task that joins or leaves changes no other's, which is known here
     without sharing the host out again.
+
+    The work of a worker's loop after task ``i`` (:meth:`after`) runs as task
+    ``n + i`` of the ``n`` tasks: on the CPU throughout, holding the GIL
+    (:data:`LOOP_GIL`).
     """
 
     def __init__(self, host_of: list[int], cores: list[float], background: list[float],
-                 density: list[float], gil: list[float]) -> None:
+                 density: list[float], gil: list[float], loop: list[float] | None = None,
+                 tasks: list[int] | None = None) -> None:
         self.host_of, self.cores, self.background = host_of, cores, background
+        #: Per worker: its loop's seconds after a task (None: no loop work).
+        self.loop = loop if loop and any(loop) else None
+        self.tasks = tasks
+        self.n = len(density)
+        if self.loop is not None:
+            density = density + [1.0] * self.n
+            gil = gil + [LOOP_GIL] * self.n
         self.density, self.gil = density, gil
         hosts = len(cores)
         self.running: list[dict[int, int]] = [{} for _ in range(hosts)]  # task -> worker
@@ -164,6 +182,13 @@ class Sharing:
         if not self.unhurried[h]:  # with less asked, every task still at solo speed
             self._rates(h, t, push)
 
+    def after(self, t: float, task: int, worker: int, push: Push) -> None:
+        """``task`` ended at ``t`` on ``worker``, whose loop now works for it (for each
+        of its ``tasks``, if a unit of them)."""
+        seconds = self.loop[worker] * (self.tasks[task] if self.tasks else 1)  # type: ignore[index]
+        if seconds > 0.0:
+            self.join(t, self.n + task, worker, seconds, push)
+
     def due(self, task: int, t: float) -> bool:
         """Whether ``t`` is ``task``'s end as last planned (not a stale one)."""
         return self.ends.get(task) == t
@@ -190,14 +215,16 @@ class Sharing:
         self.unhurried[h] = unhurried
 
 
-def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray,
+                 loop: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each task's solo seconds and density: its recorded run, less the time it waited
     for a core and for the GIL.
 
     A task waits for the GIL while the other tasks of its worker hold it: each
     of them, over its run, held it at its recorded density times its GIL
-    share, and at most one holds it at a time.  Of the run off the CPU of a
+    share, and at most one holds it at a time; and while its worker's event
+    loop works after each of the others that ended during its run, for the
+    worker's ``loop`` seconds (:data:`LOOP_GIL`).  Of the run off the CPU of a
     task that uses the CPU, and not waiting for a core the machine explains,
     the seconds the others held the GIL are a wait for it, whatever its own
     share: a thread that lets go of the GIL, for a call into C or a read, waits
@@ -218,6 +245,8 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
     cores_waited : numpy.ndarray
         The seconds each task waited for a core, of those its thread's clock
         measured, that the replay's sharing of cores plays again.
+    loop : list of float, optional
+        Per recorded worker, its loop's seconds after a task.
     """
     begin, end, density = recorded(run)
     cpu = task_cpu(run)
@@ -233,6 +262,8 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
                 tasks = mine[running]
                 others = holding[tasks].sum() - holding[tasks]
                 held[tasks] += (until - since) * np.minimum(others, 1.0)
+        if loop and loop[w] > 0.0:
+            held[mine] += _overlaps(begin[mine], end[mine], loop[w]) * LOOP_GIL
     # Off the CPU and not waiting for a core the machine explains: a wait on the run
     # queue that the cores do not explain follows the GIL's handing over as often.
     explained = np.minimum(cores_waited, waited)
@@ -241,6 +272,27 @@ def solo_seconds(run: Run, gil: np.ndarray, cores_waited: np.ndarray
                       np.minimum(cpu, wall))
     found = np.divide(cpu, solo, out=np.zeros(run.n_tasks), where=solo > 0).clip(0.0, 1.0)
     return solo, found
+
+
+def _overlaps(begin: np.ndarray, end: np.ndarray, seconds: float) -> np.ndarray:
+    """Of each run from ``begin`` to ``end``, the seconds it shares with the ``seconds``
+    after each run's end: for an end before the run's, up to ``seconds`` after it, and
+    none for its own."""
+    ends = np.sort(end)
+    total = np.concatenate([[0.0], np.cumsum(ends)])
+
+    def between(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How many ends lie in ``(lo, hi]``, and their sum."""
+        a, b = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="right")
+        b = np.maximum(a, b)
+        return b - a, total[b] - total[a]
+
+    late = np.maximum(end - seconds, begin)  # ends from here on overlap it to its end
+    whole, _ = between(begin, late)
+    before, before_sum = between(begin - seconds, begin)
+    after, after_sum = between(late, end)
+    return (whole * seconds + before_sum + before * (seconds - begin)
+            + after * end - after_sum)
 
 
 def intervals(begin: np.ndarray, end: np.ndarray) -> Iterator[tuple[float, float, list[int]]]:

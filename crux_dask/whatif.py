@@ -279,7 +279,7 @@ def _solo(run: Run, machine: Machine, gil: np.ndarray, units: Units | None) -> t
     memo = run.memo.setdefault("solo", {})
     seen, known = memo.get(gil.tobytes(), (None, None))
     if seen is not machine:
-        known = solo_seconds(run, gil, core_waits(run, machine)), {}
+        known = solo_seconds(run, gil, core_waits(run, machine), machine.loop), {}
         memo[gil.tobytes()] = machine, known
     (solo, density), bases = known
     if units not in bases:
@@ -299,12 +299,13 @@ def _play(run: Run, machine: Machine, gil: np.ndarray, solo: np.ndarray,
     seconds = solo + spill
     cpu = density * solo
     gaps = _gaps_at(run, gil, cpu, threads)
+    tasks = None
     if units is not None:
         seconds = units.total(seconds) + (units.tasks - 1) * gaps.dispatch
-        cpu, gil, run = units.total(cpu), gil[units.first], units.run
+        cpu, gil, run, tasks = units.total(cpu), gil[units.first], units.run, units.tasks
     share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)
     return simulate(run, workers, threads, seconds, gaps, latency, bandwidth,
-                    sharing=machine.sharing(workers, share, gil, background))
+                    sharing=machine.sharing(workers, share, gil, background, tasks))
 
 
 def _gaps_at(run: Run, gil: np.ndarray, cpu: np.ndarray, threads: int) -> Gaps:
@@ -321,7 +322,7 @@ def _gaps_at(run: Run, gil: np.ndarray, cpu: np.ndarray, threads: int) -> Gaps:
     factor = (1.0 + held * (threads - 1)) / (1.0 + held * (run.threads - 1))
     if factor == 1.0:
         return run.gaps
-    return replace(run.gaps, local=run.gaps.local * factor,
+    return replace(run.gaps, local=run.gaps.local * factor, slot=run.gaps.slot * factor,
                    dispatch=run.gaps.dispatch * factor)
 
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,15 +165,23 @@ async def _get_stats(client: Client) -> dict[str, Any]:
     return stats
 
 
-def get_load(client: Client) -> Any:
+def get_load(client: Client, after: float | None = None) -> Any:
     """The load of the scheduler and of every worker, sampled as the run went: a
-    DataFrame of :data:`~crux_dask.load.LOAD_COLUMNS` (see :mod:`crux_dask.load`)."""
-    return client.sync(_get_load, client)
+    DataFrame of :data:`~crux_dask.load.LOAD_COLUMNS` (see :mod:`crux_dask.load`).
+
+    With ``after`` (seconds since the epoch: ``time.time()`` as a computation
+    ended), first wait for a heartbeat of each worker after it (at most two
+    seconds): the CPU seconds of its process then close the computation's, which
+    the what-if reads its event loop's work from.
+    """
+    return client.sync(_get_load, client, after)
 
 
-async def _get_load(client: Client) -> Any:
+async def _get_load(client: Client, after: float | None = None) -> Any:
     from crux_dask.load import load_frame
 
+    if after is not None:
+        await client.run_on_scheduler(_hear_workers_on_scheduler, since=after)
     return load_frame(await client.run_on_scheduler(_load_on_scheduler))
 
 
@@ -241,8 +250,9 @@ async def _drain_on_scheduler(dask_scheduler: Any) -> None:
     await _plugin(dask_scheduler).host.drain()
 
 
-async def _hear_workers_on_scheduler(dask_scheduler: Any) -> None:
-    await _plugin(dask_scheduler).load.hear_workers()
+async def _hear_workers_on_scheduler(dask_scheduler: Any, since: float | None = None
+                                     ) -> None:
+    await _plugin(dask_scheduler).load.hear_workers(time.time() if since is None else since)
 
 
 # The analyses come back pickled where they ran, in pieces (see ``pickled``), staged for

@@ -73,14 +73,16 @@ class LoadSampler:
                      gil=_number(recent.get("gil_contention")), cpu_time=time.process_time())
         self._sample_workers()
 
-    async def hear_workers(self, timeout: float = HEAR_TIMEOUT) -> None:
-        """Wait (at most ``timeout`` seconds) for a heartbeat of each worker that carries
-        its process's CPU seconds, and sample the workers then: the first run recorded
-        after Crux attached has a sample of them before its first task."""
+    async def hear_workers(self, since: float, timeout: float = HEAR_TIMEOUT) -> None:
+        """Wait (at most ``timeout`` seconds) for a heartbeat of each worker after
+        ``since`` that carries its process's CPU seconds, and sample the workers then:
+        a run that started or ended at ``since`` has a sample of them on that side."""
         deadline = time.monotonic() + timeout
+        workers = self.scheduler.workers
         while time.monotonic() < deadline and any(
-                CPU_TIME_METRIC not in self.scheduler.workers[address].metrics
-                for address in self._alone() if address in self.scheduler.workers):
+                workers[address].last_seen <= since
+                or CPU_TIME_METRIC not in workers[address].metrics
+                for address in self._alone() if address in workers):
             await asyncio.sleep(0.01)
         self._sample_workers()
 

@@ -172,10 +172,12 @@ def part(i: int, hot: bool, rows: int = 20_000) -> pd.DataFrame:
 
 
 def walk(part: pd.DataFrame) -> pd.DataFrame:
-    """Work in proportion to a partition's rows, 7.5 us a row, that waits rather than
+    """Work in proportion to a partition's rows, 15 us a row, that waits rather than
     computes: two CPU-bound workers on this machine's two cores slow each other down by
-    up to three times, which the what-if does not model."""
-    time.sleep(7.5e-6 * len(part))
+    up to three times, which the what-if does not model.  At 15 us a row, reading and
+    shuffling the hot rows (which a prediction at the group's median keeps) is a few per
+    cent of a run without them; at 7.5 us it was about 10 %."""
+    time.sleep(1.5e-5 * len(part))
     return part.head(1).assign(x=part["x"].sum())
 
 

@@ -1,18 +1,69 @@
-"""The CPU seconds of each worker's process, sampled with the load.
+"""The work of a worker's event loop for its tasks, measured and replayed.
 
 A worker's process spends CPU besides its tasks' threads: its event loop
 reports each task, sends and fetches data, runs a shuffle's comms.  The load
-samples each process's CPU seconds so far; attach samples them before the
-first computation it records.
+samples each process's CPU seconds; the what-if shares that work, after each
+task, with the tasks still running on the worker's cores and GIL.  Known
+answers first, then a real cluster whose worker process is measured from
+outside (psutil), and a P2P shuffle whose loop work keeps a second thread from
+paying.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from dataclasses import replace
 
+import dask
+import numpy as np
+import pandas as pd
+import psutil
+import pyarrow.parquet as pq
+import pytest
 from distributed import Client, LocalCluster
 
 import crux_dask
+from crux_dask.machine import loop_seconds, machine_of
+from crux_dask.recording import extract
+from crux_dask.sharing import Sharing, task_cpu
+from crux_dask.whatif import what_if
+
+
+def _ends(loop: list[float] | None) -> dict[int, float]:
+    """When each of three tasks ends, all on the CPU and holding the GIL, on a host of
+    four cores: 0 (1 s) and 1 (0.5 s) on worker 0, 2 (1 s) on worker 1, each worker's
+    loop working ``loop`` seconds after each task."""
+    sharing = Sharing([0, 0], [4.0], [0.0], [1.0] * 3, [1.0] * 3, loop)
+    ends: dict[int, float] = {}
+    push = lambda at, task, worker: ends.__setitem__(task, at)  # noqa: E731
+    worker = {0: 0, 1: 0, 2: 1, 3: 0, 4: 0, 5: 1}  # the loop works after task i as 3 + i
+    for task, seconds in ((0, 1.0), (1, 0.5), (2, 1.0)):
+        sharing.join(0.0, task, worker[task], seconds, push)
+    done: set[int] = set()
+    while len(done) < len(ends):
+        at, task = min((at, task) for task, at in ends.items() if task not in done)
+        done.add(task)
+        sharing.leave(at, task, worker[task], push)
+        if loop is not None and task < 3:
+            sharing.after(at, task, worker[task], push)
+    return ends
+
+
+def test_a_worker_s_loop_slows_the_tasks_that_share_its_gil():
+    # Tasks 0 and 1 share worker 0's GIL: each runs at half speed until 1 ends at 1 s.
+    # The loop's 0.1 s for it then shares the GIL with task 0, which ends 0.1 s later
+    # than without it; task 2, on a worker of its own, is not slowed by it.
+    without, looped = _ends(None), _ends([0.1, 0.1])
+    assert without == pytest.approx({0: 1.5, 1: 1.0, 2: 1.0})
+    assert looped[0] == pytest.approx(1.6) and looped[2] == pytest.approx(1.0)
+    assert looped[4] == pytest.approx(1.2) and looped[5] == pytest.approx(1.1)
+
+
+def _work(i: int) -> float:
+    """A task of a few milliseconds on the CPU."""
+    return float(np.linalg.norm(np.random.default_rng(i).random((200, 200)) @ np.eye(200)))
 
 
 def test_attach_samples_each_worker_s_cpu_seconds_before_the_first_run():
@@ -24,3 +75,84 @@ def test_attach_samples_each_worker_s_cpu_seconds_before_the_first_run():
         counted = load[load["cpu_time"].notna() & (load["time"] <= attached)]
         assert set(counted["process"]) == set(client.scheduler_info()["workers"]) | {
             "scheduler"}
+
+
+def test_a_worker_s_loop_is_its_process_cpu_besides_its_tasks():
+    # 300 tasks of a few milliseconds each: the worker's process, measured from outside,
+    # used CPU seconds besides its tasks' threads; the loop seconds per task account
+    # for them.
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        (pid,) = client.run(os.getpid).values()
+        process = psutil.Process(pid)
+        before = sum(process.cpu_times()[:2])
+        dask.compute([dask.delayed(_work)(i) for i in range(300)])
+        used = sum(process.cpu_times()[:2]) - before
+        ended = time.time()
+        pag = crux_dask.get_pag(client)
+        load = crux_dask.get_load(client, after=ended)
+    run = extract(pag.store(), pag.ends[0])
+    (loop,) = loop_seconds(run, load)
+    besides = used - float(task_cpu(run).sum())
+    assert besides > 0.05  # the loop did work: what follows could fail
+    assert loop * run.n_tasks == pytest.approx(besides, rel=0.3, abs=0.02)
+
+
+def test_a_load_exported_before_cpu_seconds_reads_without_them(tmp_path):
+    # Schema version 8 sampled no CPU seconds of the processes: its load reads with
+    # them not recorded, and each worker's loop comes from its mean CPU instead.
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        dask.compute([dask.delayed(_work)(i) for i in range(100)])
+        dataset = crux_dask.export_parquet(client, tmp_path / "runs")
+    now = crux_dask.read_load(dataset)
+    assert now["cpu_time"].notna().any()
+    for part in (dataset / "load.parquet").rglob("*.parquet"):
+        pq.write_table(pq.read_table(part).drop_columns(["cpu_time"]), part)
+    meta = json.loads((dataset / "metadata.json").read_text())
+    meta["schema_version"] = 8
+    (dataset / "metadata.json").write_text(json.dumps(meta))
+    before = crux_dask.read_load(dataset)
+    assert before["cpu_time"].isna().all()
+    pd.testing.assert_frame_equal(before.drop(columns="cpu_time"),
+                                  now.drop(columns="cpu_time"))
+    pag = crux_dask.read_parquet(dataset)
+    run = extract(pag.store(), pag.ends[0])
+    assert machine_of(run, before).loop != machine_of(run, now).loop
+    assert pag.what_if(threads=2, load=before).makespan > 0
+
+
+def _per_group(group: pd.DataFrame) -> pd.Series:
+    """A running score over a group's rows, row by row in Python."""
+    score = 0.0
+    for v in group["v"].tolist():
+        score = 0.9 * score + v
+    return pd.Series({"score": score})
+
+
+def test_a_shuffle_s_loop_keeps_a_second_thread_from_paying():
+    # A P2P shuffle's comms run on its worker's event loop, beside the per-group Python
+    # function after it: recorded on one thread, the loop's work shares the GIL with the
+    # second thread's tasks in the replay, which then gains less than it would without.
+    import dask.dataframe as dd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"k": rng.integers(0, 40, 100_000), "v": rng.random(100_000)})
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        crux_dask.attach(client)
+        grouped = dd.from_pandas(frame, npartitions=8).groupby("k").apply(
+            _per_group, meta={"score": "f8"})
+        dask.compute(grouped)
+        ended = time.time()
+        pag = crux_dask.get_pag(client)
+        load = crux_dask.get_load(client, after=ended)
+    run = extract(pag.store(), pag.ends[0])
+    machine = machine_of(run, load)
+    assert machine.loop[0] > 0.001  # seconds a task: a shuffle's loop works
+    looped = what_if(pag.store(), pag.ends[0], threads=2, run=run, machine=machine)
+    without = what_if(pag.store(), pag.ends[0], threads=2, run=run,
+                      machine=replace(machine, loop=[]))
+    assert looped.makespan > without.makespan * 1.05

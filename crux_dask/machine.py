@@ -96,11 +96,11 @@ class Machine:
     loop: list[float] = field(default_factory=list)
 
     def sharing(self, workers: int, density: np.ndarray, gil: np.ndarray,
-                background: list[float], tasks: np.ndarray | None = None) -> Sharing | None:
+                background: list[float], loop: bool = True) -> Sharing | None:
         """What ``workers`` workers share, running tasks of these densities and GIL shares,
-        with the ``background`` of each host and each worker's loop after each task
-        (after ``tasks`` of them, for units of tasks); None where no task uses the CPU
-        (a run recorded without CPU seconds): tasks then compete for nothing.
+        with the ``background`` of each host and, with ``loop``, each worker's loop after
+        each task; None where no task uses the CPU (a run recorded without CPU seconds):
+        tasks then compete for nothing.
 
         The recorded workers stay on their hosts; workers added join the
         host of a run on one host (a local cluster grows on its machine),
@@ -118,11 +118,15 @@ class Machine:
                 cores.append(cores[self.host[0]])
                 background.append(0.0)
                 hosts.append(len(cores) - 1)
-        loop = self.loop[:workers]
-        if loop:
-            loop += [sum(self.loop) / len(self.loop)] * (workers - len(loop))
-        return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), loop,
-                       None if tasks is None else tasks.tolist())
+        seconds = self.loop[:workers] if loop else []
+        if seconds:
+            seconds += [self.mean_loop] * (workers - len(seconds))
+        return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), seconds)
+
+    @property
+    def mean_loop(self) -> float:
+        """The mean of the workers' loop seconds after a task (0 without them)."""
+        return sum(self.loop) / len(self.loop) if self.loop else 0.0
 
 
 def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:

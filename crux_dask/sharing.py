@@ -31,7 +31,8 @@ import numpy as np
 if TYPE_CHECKING:
     from crux_dask.runs import Run
 
-__all__ = ["Sharing", "intervals", "recorded", "solo_seconds", "task_cpu", "unit_times"]
+__all__ = ["LOOP_GIL", "Sharing", "intervals", "recorded", "solo_seconds", "task_cpu",
+           "unit_times"]
 
 #: The share of a worker's event loop's CPU seconds that holds the GIL: all of it (its
 #: work is Python's: messages, pickling, a shuffle's bookkeeping).
@@ -55,7 +56,9 @@ def unit_times(running: dict[int, int], density: list[float], gil: list[float],
     times: dict[int, float] = {}
     for tasks in workers.values():
         times.update(_gil_shared(tasks, density, gil, 1.0))
-    asked = background + sum(density[i] / times[i] for i in running)
+    asked = background
+    for i, unit in times.items():
+        asked += density[i] / unit
     if asked > cores:
         for tasks in workers.values():
             times.update(_gil_shared(tasks, density, gil, asked / cores))
@@ -74,12 +77,21 @@ def _gil_shared(tasks: list[int], density: list[float], gil: list[float], over: 
     those that ask for most get an even share of what the others leave, and
     a second of theirs takes ``locked / share``.
     """
-    parts = [((1.0 - density[i]) + density[i] * over * (1.0 - gil[i]),
-              density[i] * over * gil[i]) for i in tasks]
-    asks = [locked / (rest + locked) if locked > 0.0 else 0.0 for rest, locked in parts]
-    shares = _fair(asks)
-    return {i: max(rest + locked, locked / share) if share > 0.0 else rest + locked
-            for i, (rest, locked), share in zip(tasks, parts, shares)}
+    times: dict[int, float] = {}
+    holders: list[tuple[int, float, float]] = []  # task, locked, its ask
+    asked = 0.0
+    for i in tasks:
+        d = density[i]
+        locked = d * over * gil[i]
+        times[i] = whole = 1.0 - d + d * over  # rest + locked
+        if locked > 0.0:
+            holders.append((i, locked, locked / whole))
+            asked += locked / whole
+    if asked <= 1.0:  # each has the GIL whenever it asks
+        return times
+    for (i, locked, _), share in zip(holders, _fair([ask for _, _, ask in holders])):
+        times[i] = max(times[i], locked / share)
+    return times
 
 
 def _fair(asks: list[float]) -> list[float]:
@@ -121,12 +133,11 @@ class Sharing:
     """
 
     def __init__(self, host_of: list[int], cores: list[float], background: list[float],
-                 density: list[float], gil: list[float], loop: list[float] | None = None,
-                 tasks: list[int] | None = None) -> None:
+                 density: list[float], gil: list[float], loop: list[float] | None = None
+                 ) -> None:
         self.host_of, self.cores, self.background = host_of, cores, background
         #: Per worker: its loop's seconds after a task (None: no loop work).
         self.loop = loop if loop and any(loop) else None
-        self.tasks = tasks
         self.n = len(density)
         if self.loop is not None:
             density = density + [1.0] * self.n
@@ -183,9 +194,8 @@ class Sharing:
             self._rates(h, t, push)
 
     def after(self, t: float, task: int, worker: int, push: Push) -> None:
-        """``task`` ended at ``t`` on ``worker``, whose loop now works for it (for each
-        of its ``tasks``, if a unit of them)."""
-        seconds = self.loop[worker] * (self.tasks[task] if self.tasks else 1)  # type: ignore[index]
+        """``task`` ended at ``t`` on ``worker``, whose loop now works for it."""
+        seconds = self.loop[worker]  # type: ignore[index]
         if seconds > 0.0:
             self.join(t, self.n + task, worker, seconds, push)
 

@@ -21,7 +21,8 @@ model that behaves like ``distributed``'s scheduler and workers:
   running at once share their host's cores and their worker's GIL
   (:mod:`crux_dask.machine`), and their recorded seconds lose the stretch of
   what they competed for in the run; the load of the run (``load``) tells
-  the cores and, where distributed measured GIL contention, which labels
+  the cores, each worker's event loop's work after each task (which shares
+  them too) and, where distributed measured GIL contention, which labels
   hold the GIL.  Where it cannot tell for a label that uses the CPU, the
   run is played both ways and the prediction is the range between;
 * **transfers**: an input held elsewhere is fetched, starting the measured
@@ -61,7 +62,7 @@ from crux_dask.machine import Machine, core_waits, machine_of
 from crux_dask.recording import extract
 from crux_dask.replay import Schedule, simulate
 from crux_dask.runs import Gaps, Run
-from crux_dask.sharing import solo_seconds, task_cpu
+from crux_dask.sharing import LOOP_GIL, solo_seconds, task_cpu
 from crux_dask.store import PAGStore
 from crux_dask.units import Units
 from crux_dask.wcp import CriticalPath
@@ -295,17 +296,28 @@ def _play(run: Run, machine: Machine, gil: np.ndarray, solo: np.ndarray,
           units: Units | None) -> Schedule:
     """A replay on ``workers`` × ``threads`` of these solo seconds, sharing the machine
     with the ``background`` of each host: of the tasks, or of ``units``, each for its
-    tasks' seconds and a dispatch for each task after the first."""
+    tasks' seconds and a dispatch for each task after the first.
+
+    A unit's tasks run one after another on its thread, each beside its worker's
+    loop's work after the one before: the unit asks for the loop's CPU seconds
+    after each of its tasks (the workers' mean) and lasts, for each task after
+    the first, as long as the loop took of the GIL from it.  (Played as tasks of
+    their own, as after tasks, the loop's work doubled a scaling's time.)
+    """
     seconds = solo + spill
     cpu = density * solo
     gaps = _gaps_at(run, gil, cpu, threads)
-    tasks = None
     if units is not None:
+        loop = machine.mean_loop
         seconds = units.total(seconds) + (units.tasks - 1) * gaps.dispatch
-        cpu, gil, run, tasks = units.total(cpu), gil[units.first], units.run, units.tasks
+        cpu, gil, run = units.total(cpu), gil[units.first], units.run
+        share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)
+        seconds = seconds + (units.tasks - 1) * loop * LOOP_GIL * gil * share
+        cpu = cpu + units.tasks * loop
     share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)
     return simulate(run, workers, threads, seconds, gaps, latency, bandwidth,
-                    sharing=machine.sharing(workers, share, gil, background, tasks))
+                    sharing=machine.sharing(workers, share, gil, background,
+                                            loop=units is None))
 
 
 def _gaps_at(run: Run, gil: np.ndarray, cpu: np.ndarray, threads: int) -> Gaps:

@@ -66,25 +66,41 @@ class TaskReports(EventBatches):
         self._loop_thread = threading.get_ident()  # coroutine tasks run here: not theirs
         self._clocks = ThreadClocks()
 
-    def _cpu(self, key: Any, thread: Any, wall: float) -> tuple[float | None, float | None]:
+    def _cpu(self, key: Any, thread: Any, stop: float | None, wall: float
+             ) -> tuple[float | None, float | None]:
         """The CPU seconds, and the wait for a core, of the task ``key`` that ``thread``
-        finished now, which ran for ``wall`` seconds: the thread's since it finished
-        the one before; None where they cannot be read.
+        finished now, at ``stop`` (the worker's clock), which ran for ``wall`` seconds:
+        the thread's since it finished the one before; None where they cannot be read.
 
         The worker may have started its next task on the thread before this one's
         end reached its event loop (when another's did first): that task's seconds
         so far are then in these, which are at most the run's, and its own are not
-        known.
+        known.  So too where a task started since this one's ``stop`` has already
+        ended on a thread not known yet: it may have been this one (a loop slow to
+        hear of this end while the thread ran the next task whole).
         """
         if type(thread) is not int or thread == self._loop_thread:
             return None, None
         running = self.worker.active_threads.get(thread)
-        busy = running is not None and running != key
+        busy = (running is not None and running != key) or self._ran_since(key, thread, stop)
         cpu, waited = self._clocks.since(thread, busy)
         if busy:
             cpu = None if cpu is None else min(cpu, wall)
             waited = None if waited is None else min(waited, wall - (cpu or 0.0))
         return cpu, waited
+
+    def _ran_since(self, key: Any, thread: int, stop: float | None) -> bool:
+        """Whether a task other than ``key`` that started after ``stop`` has ended, its end
+        not heard yet, on ``thread`` or on a thread not known yet."""
+        worker = self.worker
+        if stop is None:
+            return False
+        with worker.active_threads_lock:  # its threads change it as they start and end
+            running = set(worker.active_threads.values())
+        return any(
+            ts.key != key and ts.start_time is not None and ts.start_time >= stop
+            and ts.key not in running and worker.threads.get(ts.key, thread) == thread
+            for ts in worker.state.executing)
 
     def _start_files(self, worker: Worker) -> None:
         """Watch the files tasks open, if they are captured; none being sized."""
@@ -114,15 +130,16 @@ class TaskReports(EventBatches):
                 start, stop = interval["start"], interval["stop"]
         # distributed converted them with its offset as the task started: a heartbeat
         # since may have moved it; the shift takes them to this plugin's estimate.
-        delay = moments[2]
-        shift = self.offset - (worker.scheduler_delay if delay is None else delay)
+        delay = worker.scheduler_delay if moments[2] is None else moments[2]
+        shift = self.offset - delay
+        ended = None if stop is None else stop - delay  # as the worker's clock read it
         if stop is None:
             start = stop = self._now()
         else:
             start += shift
             stop += shift
         thread = worker.threads.get(key)
-        cpu, cpu_wait = self._cpu(key, thread, stop - start)
+        cpu, cpu_wait = self._cpu(key, thread, ended, stop - start)
         shards = self.shards
         made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
         if files is not None and key in files.by_task:

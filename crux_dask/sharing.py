@@ -337,17 +337,28 @@ def recorded(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def task_cpu(run: Run) -> np.ndarray:
-    """Each task's CPU seconds; where not recorded, its seconds at the median CPU share of
-    its label's tasks that have them (0 for a label with none: it competes for nothing)."""
+    """Each task's CPU seconds; where not known, its seconds at the median CPU share of
+    its label's tasks that have them, or, for a label with none, at the share of all
+    the known tasks' seconds that was on the CPU (0 in a run recorded without them: it
+    competes for nothing).
+
+    A worker does not know a task's seconds where its thread ran another task before
+    the end of the first was heard (:mod:`crux_dask.plugins.task_reports`): on two
+    threads, a fifth of the tasks, among them all three long ``astype`` of one
+    TPC-H Q1 run, which then competed for nothing.
+    """
     cpu = run.store.column("state_cpu", run.state)
     known = np.isfinite(cpu)
     if known.all():
         return cpu
     share = np.divide(cpu, run.duration, out=np.full(run.n_tasks, np.nan),
                       where=known & (run.duration > 0))
-    typical = np.zeros(int(run.label.max()) + 1)
+    wall = float(run.duration[known].sum())
+    typical = np.full(int(run.label.max()) + 1,
+                      float(cpu[known].sum()) / wall if wall > 0 else 0.0)
     for label in np.unique(run.label[known]).tolist():
         mine = share[(run.label == label) & known]
         mine = mine[np.isfinite(mine)]
-        typical[label] = float(np.median(mine)) if len(mine) else 0.0
+        if len(mine):
+            typical[label] = float(np.median(mine))
     return np.where(known, cpu, typical[run.label] * run.duration)

@@ -65,42 +65,53 @@ class TaskReports(EventBatches):
         for a core, are its thread's since the task before it there (or since now)."""
         self._loop_thread = threading.get_ident()  # coroutine tasks run here: not theirs
         self._clocks = ThreadClocks()
+        self._seen: dict[Any, int] = {}  # task -> the thread it was seen running on
 
-    def _cpu(self, key: Any, thread: Any, stop: float | None, wall: float
-             ) -> tuple[float | None, float | None]:
+    def _cpu(self, key: Any, thread: Any) -> tuple[float | None, float | None]:
         """The CPU seconds, and the wait for a core, of the task ``key`` that ``thread``
-        finished now, at ``stop`` (the worker's clock), which ran for ``wall`` seconds:
-        the thread's since it finished the one before; None where they cannot be read.
+        finished now: the thread's since it finished the one before; None where they
+        cannot be read.
 
         The worker may have started its next task on the thread before this one's
-        end reached its event loop (when another's did first): that task's seconds
-        so far are then in these, which are at most the run's, and its own are not
-        known.  So too where a task started since this one's ``stop`` has already
-        ended on a thread not known yet: it may have been this one (a loop slow to
-        hear of this end while the thread ran the next task whole).
+        end reached its event loop (when another's did first), or even run it to
+        its end: that task's seconds are then in these, and neither task's are
+        known.  A task that has ended, its end not heard yet, on a thread not known
+        may have been such a task: each end heard notes which thread each task
+        running then is on.
         """
         if type(thread) is not int or thread == self._loop_thread:
             return None, None
         running = self.worker.active_threads.get(thread)
-        busy = (running is not None and running != key) or self._ran_since(key, thread, stop)
-        cpu, waited = self._clocks.since(thread, busy)
-        if busy:
-            cpu = None if cpu is None else min(cpu, wall)
-            waited = None if waited is None else min(waited, wall - (cpu or 0.0))
-        return cpu, waited
+        mixed = self._ended_unheard(key, thread) or (running is not None and running != key)
+        cpu, waited = self._clocks.since(thread, mixed)
+        return (None, None) if mixed else (cpu, waited)
 
-    def _ran_since(self, key: Any, thread: int, stop: float | None) -> bool:
-        """Whether a task other than ``key`` that started after ``stop`` has ended, its end
-        not heard yet, on ``thread`` or on a thread not known yet."""
-        worker = self.worker
-        if stop is None:
+    def _ended_unheard(self, key: Any, thread: int) -> bool:
+        """Whether a task other than ``key`` has ended, its end not heard yet, on
+        ``thread`` or on a thread not known: not seen running at an end heard before.
+
+        (Whether it started before ``key`` stopped tells nothing: a thread that
+        ended its task may take from the pool's queue the one given to another
+        that was ending its own.)
+        """
+        worker, seen = self.worker, self._seen
+        if worker.state.nthreads < 2:  # its next task starts once this end is heard
             return False
         with worker.active_threads_lock:  # its threads change it as they start and end
-            running = set(worker.active_threads.values())
-        return any(
-            ts.key != key and ts.start_time is not None and ts.start_time >= stop
-            and ts.key not in running and worker.threads.get(ts.key, thread) == thread
-            for ts in worker.state.executing)
+            running = {task: ident for ident, task in worker.active_threads.items()}
+        seen.pop(key, None)
+        seen.update(running)
+        if len(seen) > 4 * worker.state.nthreads:  # tasks that ended other than in memory
+            executing = {ts.key for ts in worker.state.executing}
+            for task in [task for task in seen if task not in executing]:
+                del seen[task]
+        for ts in worker.state.executing:
+            if ts.key == key or ts.start_time is None or ts.key in running:
+                continue  # itself, one about to start, or one running
+            where = worker.threads.get(ts.key, seen.get(ts.key))
+            if where is None or where == thread:
+                return True
+        return False
 
     def _start_files(self, worker: Worker) -> None:
         """Watch the files tasks open, if they are captured; none being sized."""
@@ -130,16 +141,15 @@ class TaskReports(EventBatches):
                 start, stop = interval["start"], interval["stop"]
         # distributed converted them with its offset as the task started: a heartbeat
         # since may have moved it; the shift takes them to this plugin's estimate.
-        delay = worker.scheduler_delay if moments[2] is None else moments[2]
-        shift = self.offset - delay
-        ended = None if stop is None else stop - delay  # as the worker's clock read it
+        delay = moments[2]
+        shift = self.offset - (worker.scheduler_delay if delay is None else delay)
         if stop is None:
             start = stop = self._now()
         else:
             start += shift
             stop += shift
         thread = worker.threads.get(key)
-        cpu, cpu_wait = self._cpu(key, thread, ended, stop - start)
+        cpu, cpu_wait = self._cpu(key, thread)
         shards = self.shards
         made = shards.by_task.pop(key) if shards is not None and key in shards.by_task else None
         if files is not None and key in files.by_task:

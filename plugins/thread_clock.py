@@ -57,9 +57,8 @@ class ThreadClocks:
         it was last asked (or since these clocks were made; all of them for a thread
         started since), None where they cannot be read.
 
-        ``busy``: the thread already runs something else, which what it ran
-        since holds a part of; that part is not known, nor, next time, the
-        rest of it (None then).
+        ``busy``: what the thread ran since holds a part of another task's
+        run, which is not known, nor, next time, the rest of it (None then).
         """
         now = self._read(thread)
         before = self._last.get(thread, (0.0, 0.0))

@@ -29,6 +29,7 @@ from crux_dask.sharing import (
     _gil_shared,
     intervals,
     solo_seconds,
+    task_cpu,
     unit_times,
 )
 from crux_dask.whatif import _gaps_at
@@ -74,6 +75,34 @@ def _load(pag: crux_dask.PAG, gil: float, cores: float = 2.0, scheduler: float =
 def _change(pag: crux_dask.PAG, load: pd.DataFrame | None = None, **change) -> float:
     result = pag.what_if(load=load, **change)
     return result.makespan / result.recorded
+
+
+def test_a_task_whose_cpu_seconds_are_not_known_has_its_label_s_share_or_the_run_s():
+    # Three labels: one whose tasks are all known (80 % on the CPU), one half known
+    # (20 %), one never known: a worker could not tell them apart from another task's.
+    builder = PAGBuilder(run_id="made")
+    builder.apply(("root", 0.0, "graph"))
+    shares = {"spin-ab": [0.8] * 4, "read-cd": [0.2, None] * 2, "cast-ef": [None] * 2}
+    start, keys = 0.01, []
+    for label, known in shares.items():
+        for i, share in enumerate(known):
+            key = f"('{label}', {i})"
+            builder.compute(key, HOST.format(1), 0, start, start + 0.1, 8, label=label,
+                            sent=start, received=start, runnable=start, priority=float(i),
+                            cpu=None if share is None else 0.1 * share, cpu_wait=0.0)
+            keys.append(key)
+            start += 0.1
+    builder.compute("total", HOST.format(1), 0, start, start + 0.1, 8, keys, label="total",
+                    sent=start, received=start, runnable=start, priority=99.0, cpu=0.1,
+                    cpu_wait=0.0)
+    builder.transfer("total", f"memory@{HOST.format(1)}", "client", start + 0.11, start + 0.12)
+    pag = builder.pag()
+    run = extract(pag.store(), pag.ends[0])
+    cpu = pd.Series(task_cpu(run), index=run.label_names).groupby(level=0).sum()
+    assert cpu["spin-ab"] == pytest.approx(4 * 0.08)
+    assert cpu["read-cd"] == pytest.approx(4 * 0.02)  # the known half's share, for all
+    # the share of the run's known seconds that was on the CPU: 0.46 of 0.7
+    assert cpu["cast-ef"] == pytest.approx(2 * 0.1 * (0.32 + 0.04 + 0.1) / 0.7)
 
 
 def test_the_gil_is_shared_fairly_and_cores_as_far_as_they_go():

@@ -337,28 +337,27 @@ def recorded(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def task_cpu(run: Run) -> np.ndarray:
-    """Each task's CPU seconds; where not known, its seconds at the median CPU share of
-    its label's tasks that have them, or, for a label with none, at the share of all
-    the known tasks' seconds that was on the CPU (0 in a run recorded without them: it
+    """Each task's CPU seconds; where not known, the median of its label's known tasks'
+    (at most its run), or, for a label with none, its run at the share of all the
+    known tasks' runs that was on the CPU (0 in a run recorded without them: it
     competes for nothing).
 
-    A worker does not know a task's seconds where its thread ran another task before
-    the end of the first was heard (:mod:`crux_dask.plugins.task_reports`): on two
-    threads, a fifth of the tasks, among them all three long ``astype`` of one
-    TPC-H Q1 run, which then competed for nothing.
+    A worker does not know a task's seconds where its thread may have run another
+    task before the end of the first was heard (:mod:`crux_dask.plugins.task_reports`):
+    on two threads, a fifth of the tasks, and more of those that ran beside others,
+    their runs stretched by the GIL: at its label's median share of the CPU, a
+    ``getitem`` of TPC-H Q1 that had waited 0.2 s for an ``astype`` counted as 0.2 s
+    of CPU (its label's 31 tasks 0.76 s, against 0.07 s on one thread).  With no
+    known task, a label competed for nothing: all three long ``astype`` of one Q1 run.
     """
     cpu = run.store.column("state_cpu", run.state)
     known = np.isfinite(cpu)
     if known.all():
         return cpu
-    share = np.divide(cpu, run.duration, out=np.full(run.n_tasks, np.nan),
-                      where=known & (run.duration > 0))
     wall = float(run.duration[known].sum())
-    typical = np.full(int(run.label.max()) + 1,
-                      float(cpu[known].sum()) / wall if wall > 0 else 0.0)
+    share = float(cpu[known].sum()) / wall if wall > 0 else 0.0
+    typical = share * run.duration
     for label in np.unique(run.label[known]).tolist():
-        mine = share[(run.label == label) & known]
-        mine = mine[np.isfinite(mine)]
-        if len(mine):
-            typical[label] = float(np.median(mine))
-    return np.where(known, cpu, typical[run.label] * run.duration)
+        mine = run.label == label
+        typical[mine] = np.minimum(float(np.median(cpu[mine & known])), run.duration[mine])
+    return np.where(known, cpu, typical)

@@ -148,13 +148,15 @@ class HeldThreadPoolExecutor(Executor):
     """Two threads, and a worker that hears of the end of each task of the first only
     once its next task there has ended too: a loop that heard of another end first, and
     gave that thread its next task while the end of its last one waited to be heard.
+    Once all its ``tasks`` have been handed to it, no end waits for one to come.
     (Distributed runs its tasks as it runs a thread pool's, which its name says it is.)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: int) -> None:
         self._jobs: list[queue.SimpleQueue] = [queue.SimpleQueue(), queue.SimpleQueue()]
         self._busy = [False, False]
-        self._held: tuple[Future, Any] | None = None  # the first thread's last end
+        self._left = tasks  # to be handed to it
+        self._held: list[tuple[Future, Any]] = []  # the first thread's last end
         self._lock = threading.Lock()
         for i in range(2):
             threading.Thread(target=self._work, args=(i,), daemon=True).start()
@@ -164,39 +166,27 @@ class HeldThreadPoolExecutor(Executor):
         with self._lock:  # to the first thread whenever it is free
             i = 0 if not self._busy[0] else 1
             self._busy[i] = True
+            self._left -= 1
         self._jobs[i].put((told, fn, args, kwargs))
         return told
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         for jobs in self._jobs:
             jobs.put(None)
-        self._tell()
 
     def _work(self, i: int) -> None:
         while (job := self._jobs[i].get()) is not None:
             told, fn, args, kwargs = job
-            result = fn(*args, **kwargs)
-            if i == 1:
-                with self._lock:
-                    self._busy[1] = False
-                told.set_result(result)
-                continue
+            ended = (told, fn(*args, **kwargs))
             with self._lock:
-                self._busy[0] = False
-                held, self._held = self._held, (told, result)
-            if held is not None:
-                held[0].set_result(held[1])
-            # the end of the last one is heard a while later, if no task follows it
-            threading.Timer(0.5, self._tell, args=(told,)).start()
-
-    def _tell(self, told: Future | None = None) -> None:
-        """Let the held end be heard (if it is still ``told``'s, given)."""
-        with self._lock:
-            held = self._held
-            if held is None or (told is not None and held[0] is not told):
-                return
-            self._held = None
-        held[0].set_result(held[1])
+                self._busy[i] = False
+                heard = [ended] if i == 1 else self._held
+                if i == 0:
+                    self._held = [ended]
+                if self._left <= 0:  # none to come: nothing is held any more
+                    heard, self._held = heard + self._held, []
+            for future, result in heard:
+                future.set_result(result)
 
 
 def test_a_task_run_whole_before_the_last_end_there_was_heard_leaves_both_unknown():
@@ -204,6 +194,6 @@ def test_a_task_run_whole_before_the_last_end_there_was_heard_leaves_both_unknow
     # read both, and the second none, in a full suite run once): neither is known.
     # Here every end is heard late, and no reading may be known: the test above asks
     # for known ones where ends are heard as they come.
-    tasks = spins(12, processes=False, executor=HeldThreadPoolExecutor())
+    tasks = spins(12, processes=False, executor=HeldThreadPoolExecutor(12))
     assert len(tasks) == 12
     assert only_their_own(tasks), tasks[["compute_start", "compute_stop", "compute_cpu"]]

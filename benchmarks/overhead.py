@@ -350,11 +350,14 @@ class Cluster:
     workdir : Path
         Where the scheduler file and the workers' local directories go.
     n_workers : int
-        Worker processes, of one thread each.
+        Worker processes.
+    threads : int
+        Threads of each worker.
     """
 
     def __init__(self, config: str, workdir: Path, n_workers: int = 2,
-                 other: Path | None = None, other_config: dict[str, str] | None = None) -> None:
+                 other: Path | None = None, other_config: dict[str, str] | None = None,
+                 threads: int = 1) -> None:
         self.config = config
         self.crux = config.startswith("crux")
         env = {k: v for k, v in os.environ.items() if k not in PRELOAD}
@@ -393,7 +396,7 @@ class Cluster:
             time.sleep(0.05)
         self.workers = [subprocess.Popen(
             [python, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-             str(scheduler_file), "--nthreads", "1", "--no-nanny", "--name", f"w{i}",
+             str(scheduler_file), "--nthreads", str(threads), "--no-nanny", "--name", f"w{i}",
              "--local-directory", str(workdir / f"w{i}"), "--dashboard-address", ":0"],
             env=env, cwd=workdir, **quiet) for i in range(n_workers)]
         self.client = Client(scheduler_file=str(scheduler_file))
@@ -578,7 +581,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]
 
     def start(config: str, scratch: str) -> Cluster:
         cluster = Cluster(config, Path(scratch), other=args.compare_with,
-                          other_config=config_environment(args.other_config))
+                          other_config=config_environment(args.other_config),
+                          threads=args.threads)
         for _, _, warm in chosen.values():
             warm(cluster.client)
         return cluster
@@ -712,8 +716,8 @@ def median_of(rounds: list[dict[str, float]], measure: str) -> float:
 def report(args: argparse.Namespace, results: dict) -> None:
     """Medians per workload and configuration, and their ratios to ``none``."""
     chosen = workloads(args)
-    print(f"{args.repeats} rounds; 2 worker processes x 1 thread; scheduler and workers "
-          "in their own processes; CPU = user + system seconds")
+    print(f"{args.repeats} rounds; 2 worker processes x {args.threads} thread(s); scheduler "
+          "and workers in their own processes; CPU = user + system seconds")
     for name, (title, _, _) in chosen.items():
         print()
         events = results[name]["events"]
@@ -852,6 +856,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-worker-hooks", action="store_true",
                         help="add Crux whose workers' transition hooks do nothing, so that "
                              "the scheduler records every task (crux-scheduler)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of each of the two workers (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     args = parser.parse_args(argv)
     if args.apart and not args.together:

@@ -11,11 +11,12 @@ as the run tells it:
   load: the process's CPU affinity and cgroup quota, not only the host's
   processors; on a run on one host whose workers sent no heartbeat since
   Crux started, the scheduler's count).  The work besides the tasks is what
-  the load measures: the scheduler's process on a run on one host (its
-  *background*), and each worker's process besides its tasks' threads, per
-  task it ran (its *loop*: its event loop's messages, transfers and a
-  shuffle's comms, :func:`loop_seconds`; where its process's CPU seconds were
-  not sampled, its mean CPU besides its tasks, in its host's background).  A
+  the load measures: the scheduler's process on a run on one host, per task
+  of the run (:func:`scheduler_seconds`), and each worker's process besides
+  its tasks' threads, per task it ran (its *loop*: its event loop's messages,
+  transfers and a shuffle's comms, :func:`loop_seconds`); where a process's
+  CPU seconds were not sampled, its mean CPU besides its tasks, in its host's
+  *background*.  A
   task's wait for a core is taken out of its seconds as far as that work and
   the tasks running with it explain it (:func:`core_waits`); the rest (a
   program the load does not see, a burst) stays in them.
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from crux_dask.runs import Run
 
 __all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "loop_seconds",
-           "machine_of"]
+           "machine_of", "scheduler_seconds"]
 
 #: The GIL contention distributed's monitor reads of a worker whose GIL a task holds
 #: all the time: its probe asks for the GIL every millisecond (its default
@@ -75,8 +76,8 @@ class Machine:
     cores : list of float
         Cores of each host (``inf``: not known, no limit).
     background : list of float
-        Cores each host spends on other work than the tasks and the workers' loops
-        (the scheduler's; a worker's process besides its tasks where its loop was
+        Cores each host spends on other work than the tasks, the workers' loops and
+        the scheduler's work per task (a process's besides its tasks where that was
         not measured, at its mean over the run).
     gil : numpy.ndarray
         Per label code: the share of its tasks' CPU time that holds the GIL
@@ -86,6 +87,10 @@ class Machine:
     loop : list of float
         Per recorded worker: the CPU seconds its process spent besides its
         tasks' threads, per task (:func:`loop_seconds`; none: not measured).
+    scheduler : float
+        On a run on one host, the scheduler's CPU seconds per task
+        (:func:`scheduler_seconds`; 0: not measured, its mean CPU is in the
+        host's background).
     """
 
     host: list[int]
@@ -94,18 +99,20 @@ class Machine:
     gil: np.ndarray
     gil_most: np.ndarray
     loop: list[float] = field(default_factory=list)
+    scheduler: float = 0.0
 
     def sharing(self, workers: int, density: np.ndarray, gil: np.ndarray,
                 background: list[float], loop: bool = True) -> Sharing | None:
         """What ``workers`` workers share, running tasks of these densities and GIL shares,
-        with the ``background`` of each host and, with ``loop``, each worker's loop after
-        each task; None where no task uses the CPU (a run recorded without CPU seconds):
-        tasks then compete for nothing.
+        with the ``background`` of each host and, with ``loop``, each worker's loop and
+        the scheduler's work after each task; None where no task uses the CPU (a run
+        recorded without CPU seconds): tasks then compete for nothing.
 
         The recorded workers stay on their hosts; workers added join the
         host of a run on one host (a local cluster grows on its machine),
         else each comes on a new host like the first one; an added worker's
-        loop is the mean of the recorded workers'.
+        loop is the mean of the recorded workers'.  The scheduler stays on
+        the first host.
         """
         if not density.any():
             return None
@@ -121,7 +128,12 @@ class Machine:
         seconds = self.loop[:workers] if loop else []
         if seconds:
             seconds += [self.mean_loop] * (workers - len(seconds))
-        return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), seconds)
+        return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), seconds,
+                       self.scheduler if loop else 0.0)
+
+    def scheduler_cores(self, run: Run) -> float:
+        """The cores the scheduler's work per task took, on average, over ``run``."""
+        return self.scheduler * run.n_tasks / max(run.makespan, WAIT_CPU)
 
     @property
     def mean_loop(self) -> float:
@@ -150,8 +162,11 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
         counted = load.loc[load["process"] == SCHEDULER, "cores"].dropna()  # Crux's start
         if len(counted):
             cores[0] = float(counted.max())
+    scheduler = 0.0
     if len(hosts) == 1:  # a local cluster: the scheduler's process shares the host
-        background[0] = _mean_cpu(during, SCHEDULER)
+        scheduler = scheduler_seconds(run, load)
+        if math.isnan(scheduler):  # not measured: its mean CPU
+            background[0], scheduler = _mean_cpu(during, SCHEDULER), 0.0
     loop = loop_seconds(run, load)
     cpu = task_cpu(run)
     for w, (worker, h) in enumerate(zip(run.workers, host)):
@@ -159,7 +174,8 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
             tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
             background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
             loop[w] = 0.0
-    return Machine(host, cores, background, gil_shares(run, during, n_labels), most, loop)
+    return Machine(host, cores, background, gil_shares(run, during, n_labels), most, loop,
+                   scheduler)
 
 
 def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:
@@ -174,29 +190,42 @@ def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:
     recorded before ``cpu_time`` was, or a worker that shares its process with
     others (a cluster of threads), whose CPU seconds are not its own.
     """
-    begin, end, _ = recorded(run)
     cpu = task_cpu(run)
+    return [_per_task(run, load, worker, np.flatnonzero(run.worker == w), cpu)
+            for w, worker in enumerate(run.workers)]
+
+
+def scheduler_seconds(run: Run, load: pd.DataFrame) -> float:
+    """The scheduler's CPU seconds per task of the run (its process's, as
+    :func:`loop_seconds` measures a worker's over all the run's tasks, none of them
+    its own): it hears each task's end, sends the tasks it freed and answers the
+    client.  NaN where its CPU seconds were not sampled."""
+    return _per_task(run, load, SCHEDULER, np.arange(run.n_tasks), np.zeros(run.n_tasks))
+
+
+def _per_task(run: Run, load: pd.DataFrame, process: str, mine: np.ndarray,
+              cpu: np.ndarray) -> float:
+    """``process``'s CPU seconds besides the CPU seconds ``cpu`` of its tasks ``mine``, per
+    task of them that ended between the two samples bracketing them (NaN without two)."""
+    if not len(mine):
+        return math.nan
+    begin, end, _ = recorded(run)
     counted = load[load["cpu_time"].notna()] if "cpu_time" in load else load.iloc[:0]
-    loop = []
-    for w, worker in enumerate(run.workers):
-        mine = np.flatnonzero(run.worker == w)
-        samples = counted[counted["process"] == worker]
-        at = samples["time"].to_numpy() - run.origin
-        since, until = begin[mine].min(), end[mine].max()
-        first = max(int(np.searchsorted(at, since, side="right")) - 1, 0)
-        last = min(int(np.searchsorted(at, until)), len(at) - 1)
-        ended = (end[mine] > at[first]) & (end[mine] <= at[last]) if last > first else False
-        if not np.any(ended):
-            loop.append(math.nan)
-            continue
-        used = samples["cpu_time"].to_numpy()
-        wall = end[mine] - begin[mine]
-        inside = np.clip(np.minimum(end[mine], at[last]) - np.maximum(begin[mine], at[first]),
-                         0.0, None)
-        part = np.divide(inside, wall, out=ended.astype(float), where=wall > 0)
-        besides = used[last] - used[first] - float((cpu[mine] * part).sum())
-        loop.append(max(besides, 0.0) / int(ended.sum()))
-    return loop
+    samples = counted[counted["process"] == process]
+    at = samples["time"].to_numpy() - run.origin
+    since, until = begin[mine].min(), end[mine].max()
+    first = max(int(np.searchsorted(at, since, side="right")) - 1, 0)
+    last = min(int(np.searchsorted(at, until)), len(at) - 1)
+    ended = (end[mine] > at[first]) & (end[mine] <= at[last]) if last > first else False
+    if not np.any(ended):
+        return math.nan
+    used = samples["cpu_time"].to_numpy()
+    wall = end[mine] - begin[mine]
+    inside = np.clip(np.minimum(end[mine], at[last]) - np.maximum(begin[mine], at[first]),
+                     0.0, None)
+    part = np.divide(inside, wall, out=ended.astype(float), where=wall > 0)
+    besides = used[last] - used[first] - float((cpu[mine] * part).sum())
+    return max(besides, 0.0) / int(ended.sum())
 
 
 def gil_most(run: Run, n_labels: int) -> np.ndarray:
@@ -289,7 +318,8 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
         loops = sum(seconds * float(np.sum(run.worker == w))
                     for w, seconds in enumerate(machine.loop) if machine.host[w] == h)
         asked = (_demand(begin[mine], end[mine], wanted) + machine.background[h]
-                 + loops / max(run.makespan, WAIT_CPU))
+                 + loops / max(run.makespan, WAIT_CPU)
+                 + (machine.scheduler_cores(run) if h == 0 else 0.0))
         explained[mine] = np.minimum(waited[mine],
                                      cpu[mine] * np.maximum(asked / cores - 1.0, 0.0))
     return explained

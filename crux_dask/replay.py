@@ -113,7 +113,8 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
     millions: an event is ``(time, kind * n + task)`` for the run's ``n``
     tasks, of kind 0 done, 1 runnable or 2 started (with sharing), so events
     run by time, then kind, then task; its worker is the task's (``w_of``); with
-    sharing, kind 3 is a worker's loop done with the work after a task.
+    sharing, kinds 3 and 4 are a worker's loop and the scheduler done with the
+    work after a task.
     A runnable task starts at once if its worker has a free thread (its
     ready heap is then empty), else it waits there; a task that finishes
     hands its thread to the first one waiting, after placing the dependents
@@ -212,21 +213,19 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
 
     def end(at: float, task: int, w: int) -> None:
         """Plan ``task``'s end at ``at`` (what sharing plans; an end planned before
-        is stale); the end of a worker's loop work after task ``task - n`` as event
-        ``3 * n + task - n``."""
+        is stale); the end of the work after a task (``n`` and more,
+        :meth:`~crux_dask.sharing.Sharing.after`) as event ``3 * n + task - n``."""
         heappush(events, (at, task if task < n else looped - n + task))
 
-    looped = 3 * n  # events from here on: a worker's loop done with a task's work
+    looped = 3 * n  # events from here on: the work after a task done
 
     for task in range(n):
         if waiting[task] == 0:
             place(task, 0.0)
     while events:
         t, task = heappop(events)
-        if task >= looped:  # a worker's loop done with a task's work
-            task -= looped - n
-            if sharing.due(task, t):  # type: ignore[union-attr]
-                sharing.leave(t, task, w_of[task - n], end)  # type: ignore[union-attr]
+        if task >= looped:  # a worker's loop or the scheduler done with a task's work
+            sharing.done(t, task - looped + n, end)  # type: ignore[union-attr]
             continue
         if task < n:  # done
             w = w_of[task]
@@ -234,7 +233,7 @@ def _replay(run: Run, workers: int, threads: int, duration: np.ndarray, gaps: Ga
                 if not sharing.due(task, t):
                     continue
                 sharing.leave(t, task, w, end)
-                if sharing.loop is not None:
+                if sharing.busy_after:
                     sharing.after(t, task, w, end)
             t_stop[task] = t
             holders[task] = [w]

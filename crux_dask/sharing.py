@@ -12,7 +12,10 @@ Tasks running at once share what they need, as fluids do:
   every switch interval to a thread that waits for it (:func:`unit_times`);
 * after each task, its worker's event loop works for it (reports it, sends
   its data, a shuffle's shards) for the worker's *loop* seconds, on a core and
-  holding the GIL, beside the tasks still running there.
+  holding the GIL, beside the tasks still running there; and the scheduler
+  works for it (hears its end, sends the tasks it freed) for its seconds a
+  task, on a core of its host and holding its own process's GIL: one task's
+  work at a time, however many workers end tasks at once.
 
 :class:`Sharing` plays that forward for the what-if replay.  Recorded
 seconds are stretched by the cores and the GIL the recorded tasks waited
@@ -127,22 +130,30 @@ class Sharing:
     and a task that joins or leaves changes no other's, which is known here
     without sharing the host out again.
 
-    The work of a worker's loop after task ``i`` (:meth:`after`) runs as task
-    ``n + i`` of the ``n`` tasks: on the CPU throughout, holding the GIL
+    The work after task ``i`` of the ``n`` tasks (:meth:`after`) runs as task
+    ``n + i`` (its worker's loop's) and ``2 n + i`` (the scheduler's, as one
+    more worker on the first host): on the CPU throughout, holding the GIL
     (:data:`LOOP_GIL`).
     """
 
     def __init__(self, host_of: list[int], cores: list[float], background: list[float],
-                 density: list[float], gil: list[float], loop: list[float] | None = None
-                 ) -> None:
-        self.host_of, self.cores, self.background = host_of, cores, background
+                 density: list[float], gil: list[float], loop: list[float] | None = None,
+                 scheduler: float = 0.0) -> None:
         #: Per worker: its loop's seconds after a task (None: no loop work).
         self.loop = loop if loop and any(loop) else None
+        #: The scheduler's seconds after a task (0: none), and the worker it runs as.
+        self.scheduler, self.scheduler_worker = scheduler, len(host_of)
         self.n = len(density)
-        if self.loop is not None:
-            density = density + [1.0] * self.n
-            gil = gil + [LOOP_GIL] * self.n
+        #: Whether any work follows a task's end (:meth:`after`).
+        self.busy_after = self.loop is not None or scheduler > 0.0
+        if self.busy_after:
+            density = density + [1.0] * 2 * self.n
+            gil = gil + [LOOP_GIL] * 2 * self.n
+            host_of = [*host_of, 0]
+        self.host_of, self.cores, self.background = host_of, cores, background
         self.density, self.gil = density, gil
+        #: The worker of each piece of work after a task that is running.
+        self.pieces: dict[int, int] = {}
         hosts = len(cores)
         self.running: list[dict[int, int]] = [{} for _ in range(hosts)]  # task -> worker
         self.left: dict[int, float] = {}
@@ -194,10 +205,20 @@ class Sharing:
             self._rates(h, t, push)
 
     def after(self, t: float, task: int, worker: int, push: Push) -> None:
-        """``task`` ended at ``t`` on ``worker``, whose loop now works for it."""
-        seconds = self.loop[worker]  # type: ignore[index]
+        """``task`` ended at ``t`` on ``worker``, whose loop and the scheduler now work
+        for it."""
+        seconds = self.loop[worker] if self.loop is not None else 0.0
         if seconds > 0.0:
+            self.pieces[self.n + task] = worker
             self.join(t, self.n + task, worker, seconds, push)
+        if self.scheduler > 0.0:
+            self.pieces[2 * self.n + task] = self.scheduler_worker
+            self.join(t, 2 * self.n + task, self.scheduler_worker, self.scheduler, push)
+
+    def done(self, t: float, piece: int, push: Push) -> None:
+        """The work after a task, ``piece`` (:meth:`after`), ended at ``t`` if planned so."""
+        if self.due(piece, t):
+            self.leave(t, piece, self.pieces.pop(piece), push)
 
     def due(self, task: int, t: float) -> bool:
         """Whether ``t`` is ``task``'s end as last planned (not a stale one)."""

@@ -302,13 +302,17 @@ def _play(run: Run, machine: Machine, gil: np.ndarray, solo: np.ndarray,
     loop's work after the one before: the unit asks for the loop's CPU seconds
     after each of its tasks (the workers' mean) and lasts, for each task after
     the first, as long as the loop took of the GIL from it.  (Played as tasks of
-    their own, as after tasks, the loop's work doubled a scaling's time.)
+    their own, as after tasks, the loop's work doubled a scaling's time.)  The
+    scheduler's work then takes its recorded mean of its host's cores, in its
+    background.
     """
     seconds = solo + spill
     cpu = density * solo
     gaps = _gaps_at(run, gil, cpu, threads)
     if units is not None:
         loop = machine.mean_loop
+        background = [b + machine.scheduler_cores(run) * (h == 0)
+                      for h, b in enumerate(background)]
         seconds = units.total(seconds) + (units.tasks - 1) * gaps.dispatch
         cpu, gil, run = units.total(cpu), gil[units.first], units.run
         share = np.divide(cpu, seconds, out=np.zeros(run.n_tasks), where=seconds > 0)

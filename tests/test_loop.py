@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from dataclasses import replace
 
@@ -214,23 +213,27 @@ def test_the_scheduler_s_work_takes_cores_from_more_workers_as_a_real_run_shows(
     # on as many workers as the host has cores.  The scheduler's process (and the
     # client's, which a LocalCluster shares) works about 1 ms a task: compressed into
     # the shorter run, it takes more of the cores than its mean over the recording.
-    # The real run on those workers, five times, is the witness.
+    # The real run on those workers is the witness.
     cores = len(os.sched_getaffinity(0))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        dask.compute(_spins(50))  # warm, as the runs it is compared with are
-        crux_dask.attach(client)
-        dask.compute(_spins(200))
-        ended = time.time()
-        pag = crux_dask.get_pag(client)
-        load = crux_dask.get_load(client, after=ended)
-    run = extract(pag.store(), pag.ends[0])
-    machine = machine_of(run, load)
-    assert machine.scheduler > 2e-4  # seconds a task: what follows could fail
-    played = what_if(pag.store(), pag.ends[0], workers=cores, run=run, machine=machine)
-    mean = replace(machine, scheduler=0.0,
-                   background=[machine.background[0] + machine.scheduler_cores(run)])
-    constant = what_if(pag.store(), pag.ends[0], workers=cores, run=run, machine=mean)
+    played, constant = [], []
+    for _ in range(3):  # three recordings, each a cluster of its own
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            dask.compute(_spins(50))  # warm, as the runs it is compared with are
+            crux_dask.attach(client)
+            dask.compute(_spins(200))
+            ended = time.time()
+            pag = crux_dask.get_pag(client)
+            load = crux_dask.get_load(client, after=ended)
+        run = extract(pag.store(), pag.ends[0])
+        machine = machine_of(run, load)
+        assert machine.scheduler > 2e-4  # seconds a task: what follows could fail
+        played.append(what_if(pag.store(), pag.ends[0], workers=cores, run=run,
+                              machine=machine))
+        mean = replace(machine, scheduler=0.0,
+                       background=[machine.background[0] + machine.scheduler_cores(run)])
+        constant.append(what_if(pag.store(), pag.ends[0], workers=cores, run=run,
+                                machine=mean))
     with LocalCluster(n_workers=cores, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         dask.compute(_spins(50))
@@ -239,9 +242,12 @@ def test_the_scheduler_s_work_takes_cores_from_more_workers_as_a_real_run_shows(
         for _ in range(5):
             dask.compute(_spins(200))
             runs.append(crux_dask.get_wcp(client, computation=-1).length)
-    # Played per task, the scheduler's work makes the run 8-10 % longer than at its mean
-    # (in six runs here, its prediction -18 to +3 % of the real runs, the mean's -24 to
-    # -5 %; the real runs' own median moved by 20 %: the tolerance is theirs).
-    assert played.makespan > constant.makespan * 1.04, (played.summary(), constant.summary())
-    assert played.makespan == pytest.approx(statistics.median(runs), rel=0.25), (
-        played.makespan, constant.makespan, runs)
+    # Played per task, the scheduler's work makes the run 8-10 % longer than at its mean.
+    for one, other in zip(played, constant):
+        assert one.makespan > other.makespan * 1.04, (one.summary(), other.summary())
+    # On a shared machine a run takes the time of whatever else runs: five runs in a row
+    # went 1.10 -> 1.73 s in CI, and one recording of three was predicted 25 % longer than
+    # the two others here.  What else runs only adds time: the fastest prediction is
+    # checked against the fastest real run.
+    fastest = min(one.makespan for one in played)
+    assert fastest == pytest.approx(min(runs), rel=0.25), (fastest, runs)

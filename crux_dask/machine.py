@@ -25,8 +25,11 @@ as the run tells it:
   worker's GIL was held; over the samples whose tasks were mostly of one
   label, it gives that label's share (:func:`gil_shares`).  Tasks of one
   label that ran on the CPU at once on one worker bound it
-  (:func:`gil_most`).  A label with no sample has no evidence: the what-if
-  plays it holding the GIL and releasing it, and predicts the range between.
+  (:func:`gil_most`).  Tasks that ran beside others on one worker, using
+  little more than one core with them where the host had one for each, held
+  it or waited for it (:func:`gil_held`).  A label with neither has no
+  evidence: the what-if plays it holding the GIL and releasing it, and
+  predicts the range between.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ if TYPE_CHECKING:
 
     from crux_dask.runs import Run
 
-__all__ = ["KNOCK_WAIT", "Machine", "core_waits", "gil_most", "gil_shares", "loop_seconds",
-           "machine_of", "scheduler_seconds"]
+__all__ = ["CPU_USER", "KNOCK_WAIT", "Machine", "core_waits", "gil_held", "gil_most",
+           "gil_shares", "loop_seconds", "machine_of", "scheduler_seconds"]
 
 #: The GIL contention distributed's monitor reads of a worker whose GIL a task holds
 #: all the time: its probe asks for the GIL every millisecond (its default
@@ -57,6 +60,14 @@ KNOCK_WAIT = 0.005 / (0.005 + 0.001)
 #: system monitor measures it over its update interval (500 ms), and the worker
 #: sends the last one with its heartbeat, up to another interval later.
 SAMPLE_SECONDS = 1.0
+#: A label uses the CPU, for the GIL it may hold, from this share of its tasks' run
+#: on it.
+CPU_USER = 0.05
+#: Tasks of one worker that used at most this many cores together, each with a core,
+#: waited for its GIL: pure-Python tasks on two threads used 1.00-1.05 (the GIL
+#: monitor read them holding it), a pandas groupby-apply of a Python function
+#: 0.84-1.16, numpy's reductions and random arrays 1.30-1.50.
+HELD_CORES = 1.2
 #: CPU seconds below which a task's wait for a core says nothing of its host.
 WAIT_CPU = 0.001
 #: A sample tells a label's GIL share when the label's tasks made most of the CPU
@@ -174,8 +185,37 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
             tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
             background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
             loop[w] = 0.0
-    return Machine(host, cores, background, gil_shares(run, during, n_labels), most, loop,
-                   scheduler)
+    gil = gil_shares(run, during, n_labels)
+    held = gil_held(run, [cores[h] for h in host], n_labels)
+    return Machine(host, cores, background, np.where(np.isnan(gil) & held, most, gil),
+                   most, loop, scheduler)
+
+
+def gil_held(run: Run, cores: list[float], n_labels: int) -> np.ndarray:
+    """The labels whose tasks ran where the GIL held the CPU back.
+
+    Tasks that use the CPU (:data:`CPU_USER`) and run together on one worker
+    whose host has a core for each use as many cores as they release the GIL
+    for.  A label's tasks that, beside others there, used at most
+    :data:`HELD_CORES` with them (over the time they ran so, weighted by their
+    CPU seconds) held it or waited for it: the label is played holding it as
+    much as it can (:func:`gil_most`).  On TPC-H Q1 on two threads, the tasks
+    that ran beside a pandas ``astype`` used 1.02-1.07 cores with it: it ran at
+    full speed, they waited.
+    """
+    begin, end, density = recorded(run)
+    uses = np.bincount(run.label, task_cpu(run), n_labels) > CPU_USER * np.bincount(
+        run.label, end - begin, n_labels)
+    together, weight = np.zeros(n_labels), np.zeros(n_labels)
+    for w in np.unique(run.worker).tolist():
+        mine = np.flatnonzero((run.worker == w) & uses[run.label])
+        for since, until, running in intervals(begin[mine], end[mine]):
+            tasks = mine[running]
+            if 2 <= len(tasks) <= cores[w]:
+                used = density[tasks] * (until - since)
+                np.add.at(together, run.label[tasks], used * density[tasks].sum())
+                np.add.at(weight, run.label[tasks], used)
+    return (weight > 0) & (together <= HELD_CORES * weight)
 
 
 def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:

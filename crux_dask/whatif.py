@@ -58,7 +58,7 @@ import numpy as np
 import pandas as pd
 
 from crux_dask.groups import Tasks, tasks
-from crux_dask.machine import Machine, core_waits, machine_of
+from crux_dask.machine import CPU_USER, Machine, core_waits, machine_of
 from crux_dask.recording import extract
 from crux_dask.replay import Schedule, simulate
 from crux_dask.runs import Gaps, Run
@@ -71,9 +71,6 @@ __all__ = ["WhatIf", "suggest", "what_if"]
 
 #: Candidate labels of :func:`suggest`: the top labels of the observed path.
 TOP_LABELS = 3
-#: A label uses the CPU, for the GIL it may hold, from this share of its tasks' run
-#: on it and of all tasks' CPU seconds.
-CPU_USER = 0.05
 #: A range narrower than this share of its high end is given as one number.
 RANGE_MIN = 0.05
 

@@ -225,6 +225,21 @@ def test_a_run_that_cannot_tell_gives_the_range_between():
     assert _change(both, None, threads=1) == pytest.approx(2.0, abs=0.1)
 
 
+def test_tasks_that_used_one_core_together_held_the_gil_or_waited_for_it():
+    # Two threads of one worker, with a core each, and no GIL monitor: each task ran 0.1 s,
+    # 0.05 s of it on the CPU, so the two used one core together.  Releasing the GIL they
+    # would have used two: on one thread each takes its 0.05 s, and the run as long.
+    pag = _run(threads=2, seconds=0.1, cpu=0.05)
+    held = pag.what_if(load=_load(pag, gil=np.nan), threads=1)
+    assert held.range is None and held.gil_unknown == []
+    assert held.makespan / held.recorded == pytest.approx(1.0, abs=0.1)
+    # On one core, the core explains it: the run cannot tell.
+    assert pag.what_if(load=_load(pag, gil=np.nan, cores=1.0), threads=1).range is not None
+    # Two tasks that used two cores released it: at most half held it (gil_most).
+    apart = _run(threads=2, seconds=0.1, cpu=0.1)
+    assert _change(apart, _load(apart, gil=np.nan), threads=1) == pytest.approx(2.0, abs=0.1)
+
+
 def _pair(overlap: float) -> crux_dask.PAG:
     """Two tasks of 10 ms, 9 ms of each on the CPU, on two threads of one worker, that
     ran together for ``overlap`` seconds; then their sum."""

@@ -57,12 +57,13 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from crux_dask.gil import cpu_users
 from crux_dask.groups import Tasks, tasks
-from crux_dask.machine import CPU_USER, Machine, core_waits, machine_of
+from crux_dask.machine import Machine, core_waits, machine_of
 from crux_dask.recording import extract
 from crux_dask.replay import Schedule, simulate
 from crux_dask.runs import Gaps, Run
-from crux_dask.sharing import LOOP_GIL, solo_seconds, task_cpu
+from crux_dask.sharing import LOOP_GIL, solo_seconds
 from crux_dask.store import PAGStore
 from crux_dask.units import Units
 from crux_dask.wcp import CriticalPath
@@ -248,15 +249,9 @@ def suggestion_row(result: WhatIf) -> dict:
 
 
 def _gil_unknown(run: Run, machine: Machine) -> np.ndarray:
-    """Which tasks are of a label whose GIL share the run does not tell, and that uses
-    the CPU: at least :data:`CPU_USER` of its tasks' seconds and of all tasks' CPU
-    seconds."""
-    cpu = task_cpu(run)
-    n = len(machine.gil)
-    label_cpu = np.bincount(run.label, cpu, n)
-    label_wall = np.bincount(run.label, run.duration, n)
-    uses = (label_cpu > CPU_USER * label_wall) & (label_cpu > CPU_USER * cpu.sum())
-    return (np.isnan(machine.gil) & uses)[run.label]
+    """Which tasks are of a label that uses the CPU
+    (:func:`~crux_dask.gil.cpu_users`) and whose GIL share the run does not tell."""
+    return (np.isnan(machine.gil) & cpu_users(run, len(machine.gil)))[run.label]
 
 
 def _gil_cases(run: Run, machine: Machine) -> list[np.ndarray]:

@@ -381,8 +381,8 @@ def test_a_run_without_the_gil_monitor_tells_the_gil_from_how_tasks_ran_together
     # Without distributed's GIL contention monitor, two threads of one worker: pure-Python
     # loops used one core together, hashes two.  The loops are played holding the GIL: a
     # point, and two threads to one changes little (releasing it, each loop would keep
-    # its recorded run, twice its CPU seconds; predicted 1.13-1.17 here, where the GIL's
-    # handing over took 6-10 % of the two threads' time, which one thread does not lose).
+    # its recorded run, twice its CPU seconds; predicted 1.13-1.17 here, where the two
+    # threads used only 0.90-0.94 of a core together, a loss one thread does not have).
     # The hashes, bound to half of it, are not known.
     with dask.config.set({"distributed.admin.system-monitor.gil.enabled": False}):
         loops, loops_load = _recorded(spin, threads=2, n=8)

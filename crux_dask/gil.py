@@ -125,36 +125,40 @@ def gil_most(run: Run, n_labels: int) -> np.ndarray:
     return most
 
 
-def gil_held(run: Run, cores: list[float], waited: np.ndarray, n_labels: int) -> np.ndarray:
+def gil_held(run: Run, host: list[int], cores: list[float], waited: np.ndarray,
+             n_labels: int) -> np.ndarray:
     """The labels whose tasks ran where the GIL held the CPU back.
 
-    Tasks that use the CPU (:func:`cpu_users`) and run together on one worker
-    whose host has a core for each (``cores``, per worker) ask for as many
-    cores as they release the GIL for: on the CPU, or waiting ``waited`` for a
-    core that the host's other work took (as far as the load explains it,
-    :func:`~crux_dask.machine.core_waits`).  A label's tasks that, beside
-    others there, asked for at most :data:`HELD_CORES` with them (over the
-    time they ran so, weighted by their CPU seconds) held it or waited for it:
-    the label is played holding it as much as it can (:func:`gil_most`).  On
-    TPC-H Q1 on two threads, the tasks that ran beside a pandas ``astype``
-    asked for 1.02-1.07 cores with it: it ran at full speed, they waited.  A
-    program the load does not see that took cores from tasks that release the
-    GIL reads the same.
+    Tasks that use the CPU (:func:`cpu_users`) and run together on one worker,
+    while its host (``host`` of each worker, of ``cores``) has a core for each
+    task running there, ask for as many cores as they release the GIL for: on
+    the CPU, or waiting ``waited`` for a core that the host's other work took
+    (as far as the load explains it, :func:`~crux_dask.machine.core_waits`).
+    A label's tasks that, beside others of their worker, asked for at most
+    :data:`HELD_CORES` with them (over the time they ran so, weighted by their
+    CPU seconds) held it or waited for it: the label is played holding it as
+    much as it can (:func:`gil_most`).  On TPC-H Q1 on two threads, the tasks
+    that ran beside a pandas ``astype`` asked for 1.02-1.07 cores with it: it
+    ran at full speed, they waited.  A program the load does not see that took
+    cores from tasks that release the GIL reads the same.
     """
     begin, end, density = recorded(run)
     wall = end - begin
     asked = np.divide(np.minimum(task_cpu(run) + waited, wall), wall, out=density.copy(),
                       where=wall > 0)
-    uses = cpu_users(run, n_labels)
+    on = np.asarray(host)[run.worker]
     together, weight = np.zeros(n_labels), np.zeros(n_labels)
-    for w in np.unique(run.worker).tolist():
-        mine = np.flatnonzero((run.worker == w) & uses[run.label])
+    for h, count in enumerate(cores):
+        mine = np.flatnonzero((on == h) & cpu_users(run, n_labels)[run.label])
         for since, until, running in intervals(begin[mine], end[mine]):
-            tasks = mine[running]
-            if 2 <= len(tasks) <= cores[w]:
-                used = density[tasks] * (until - since)
-                np.add.at(together, run.label[tasks], used * asked[tasks].sum())
-                np.add.at(weight, run.label[tasks], used)
+            if len(running) > count:
+                continue
+            for w in np.unique(run.worker[mine[running]]).tolist():
+                tasks = mine[running][run.worker[mine[running]] == w]
+                if len(tasks) >= 2:
+                    used = density[tasks] * (until - since)
+                    np.add.at(together, run.label[tasks], used * asked[tasks].sum())
+                    np.add.at(weight, run.label[tasks], used)
     return (weight > 0) & (together <= HELD_CORES * weight)
 
 

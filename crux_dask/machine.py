@@ -158,7 +158,7 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
             loop[w] = 0.0
     machine = Machine(host, cores, background, gil_shares(run, during, n_labels), most,
                       loop, scheduler)
-    held = gil_held(run, [cores[h] for h in host], core_waits(run, machine), n_labels)
+    held = gil_held(run, host, cores, core_waits(run, machine), n_labels)
     machine.gil = np.where(np.isnan(machine.gil) & held, most, machine.gil)
     return machine
 

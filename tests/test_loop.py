@@ -144,6 +144,7 @@ def test_a_load_exported_before_cpu_seconds_reads_without_them(tmp_path):
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
         dask.compute([dask.delayed(_work)(i) for i in range(100)])
+        crux_dask.get_load(client, after=time.time())  # a sample of each worker after it
         dataset = crux_dask.export_parquet(client, tmp_path / "runs")
     now = crux_dask.read_load(dataset)
     assert now["cpu_time"].notna().any()

@@ -313,7 +313,10 @@ def test_what_to_fix_replays_between_computations_off_the_event_loop(apart):
                               for t in (shown, expected))
         assert shown["kind"].tolist() == sorted(shown["kind"])  # advice first
         assert replayed["change"].tolist() == expected["change"].tolist()
-        assert replayed["saved"].tolist() == pytest.approx(expected["saved"].tolist())
+        # To a tenth of a millisecond: a change that saves almost nothing replays its few
+        # microseconds from the load sampled until then (2.90e-5 against 2.80e-5 s once).
+        assert replayed["saved"].tolist() == pytest.approx(expected["saved"].tolist(),
+                                                           abs=1e-4)
         assert "left" in replayed["path_then"][0]  # the slow task stays on the path
         assert "unchanged replay" in table.note.text
         # How many workers are enough: each shape's prediction drawn as the PAG predicts it.

@@ -146,15 +146,17 @@ def gil_held(run: Run, host: list[int], cores: list[float], waited: np.ndarray,
     wall = end - begin
     asked = np.divide(np.minimum(task_cpu(run) + waited, wall), wall, out=density.copy(),
                       where=wall > 0)
+    uses = cpu_users(run, n_labels)[run.label]
     on = np.asarray(host)[run.worker]
     together, weight = np.zeros(n_labels), np.zeros(n_labels)
     for h, count in enumerate(cores):
-        mine = np.flatnonzero((on == h) & cpu_users(run, n_labels)[run.label])
+        mine = np.flatnonzero((on == h) & uses)
         for since, until, running in intervals(begin[mine], end[mine]):
             if len(running) > count:
                 continue
-            for w in np.unique(run.worker[mine[running]]).tolist():
-                tasks = mine[running][run.worker[mine[running]] == w]
+            now = mine[running]
+            for w in np.unique(run.worker[now]).tolist():
+                tasks = now[run.worker[now] == w]
                 if len(tasks) >= 2:
                     used = density[tasks] * (until - since)
                     np.add.at(together, run.label[tasks], used * asked[tasks].sum())

@@ -14,12 +14,13 @@ as the run tells it:
   the load measures: the scheduler's process on a run on one host, per task
   of the run (:func:`scheduler_seconds`), and each worker's process besides
   its tasks' threads, per task it ran (its *loop*: its event loop's messages,
-  transfers and a shuffle's comms, :func:`loop_seconds`); where a process's
-  CPU seconds were not sampled, its mean CPU besides its tasks, in its host's
-  *background*.  A
-  task's wait for a core is taken out of its seconds as far as that work and
-  the tasks running with it explain it (:func:`core_waits`); the rest (a
-  program the load does not see, a burst) stays in them.
+  transfers and a shuffle's comms, :func:`loop_seconds`); what each process
+  uses at rest (heartbeats, monitors), or where its CPU seconds were not
+  sampled its mean CPU besides its tasks, is in its host's *background*: a
+  run of another length spends it per second, not per task.  A task's wait
+  for a core is taken out of its seconds as far as that work and the tasks
+  running with it explain it (:func:`core_waits`); the rest (a program the
+  load does not see, a burst) stays in them.
 * **The GIL**: the share of each label's CPU time that holds it, as far as
   the run tells it (:mod:`crux_dask.gil`).
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -41,10 +42,27 @@ if TYPE_CHECKING:
 
     from crux_dask.runs import Run
 
-__all__ = ["Machine", "core_waits", "loop_seconds", "machine_of", "scheduler_seconds"]
+__all__ = ["Besides", "Machine", "core_waits", "loop_seconds", "machine_of", "scheduler_seconds"]
 
 #: CPU seconds below which a task's wait for a core says nothing of its host.
 WAIT_CPU = 0.001
+
+
+class Besides(NamedTuple):
+    """A process's CPU besides its tasks' threads, split in two by the samples of it taken
+    while none of its tasks began or ended (NaN: not measured).
+
+    Attributes
+    ----------
+    per_task : float
+        CPU seconds per task: its event loop receiving, reporting and sending for each.
+    rest : float
+        Cores it used at rest, whatever ran: its heartbeats, its monitors, a client's
+        wait in its process.  A run of another length spends as much per second.
+    """
+
+    per_task: float
+    rest: float
 
 
 @dataclass
@@ -59,8 +77,9 @@ class Machine:
         Cores of each host (``inf``: not known, no limit).
     background : list of float
         Cores each host spends on other work than the tasks, the workers' loops and
-        the scheduler's work per task (a process's besides its tasks where that was
-        not measured, at its mean over the run).
+        the scheduler's work per task, and the workers' at rest: the scheduler's at
+        rest on a run on one host, and a process's besides its tasks where that was
+        not measured, at its mean over the run.
     gil : numpy.ndarray
         Per label code: the share of its tasks' CPU time that holds the GIL
         (NaN: the run has no evidence).
@@ -69,6 +88,9 @@ class Machine:
     loop : list of float
         Per recorded worker: the CPU seconds its process spent besides its
         tasks' threads, per task (:func:`loop_seconds`; none: not measured).
+    rest : list of float
+        Per recorded worker: the cores its process used at rest (0: not measured,
+        its mean CPU besides its tasks is in its host's background).
     scheduler : float
         On a run on one host, the scheduler's CPU seconds per task
         (:func:`scheduler_seconds`; 0: not measured, its mean CPU is in the
@@ -81,6 +103,7 @@ class Machine:
     gil: np.ndarray
     gil_most: np.ndarray
     loop: list[float] = field(default_factory=list)
+    rest: list[float] = field(default_factory=list)
     scheduler: float = 0.0
 
     def sharing(self, workers: int, density: np.ndarray, gil: np.ndarray,
@@ -107,9 +130,9 @@ class Machine:
                 cores.append(cores[self.host[0]])
                 background.append(0.0)
                 hosts.append(len(cores) - 1)
-        seconds = self.loop[:workers] if loop else []
-        if seconds:
-            seconds += [self.mean_loop] * (workers - len(seconds))
+        for h, rest in zip(hosts, _each(self.rest, workers)):
+            background[h] += rest
+        seconds = _each(self.loop, workers) if loop else []
         return Sharing(hosts, cores, background, density.tolist(), gil.tolist(), seconds,
                        self.scheduler if loop else 0.0)
 
@@ -121,6 +144,18 @@ class Machine:
     def mean_loop(self) -> float:
         """The mean of the workers' loop seconds after a task (0 without them)."""
         return sum(self.loop) / len(self.loop) if self.loop else 0.0
+
+    def host_rest(self, h: int) -> float:
+        """The cores host ``h``'s recorded workers used at rest."""
+        return sum(rest for rest, on in zip(self.rest, self.host) if on == h)
+
+
+def _each(values: list[float], workers: int) -> list[float]:
+    """``values`` of the recorded workers for ``workers`` workers: the first ones, and
+    their mean for each added (none without values)."""
+    if not values:
+        return []
+    return values[:workers] + [sum(values) / len(values)] * (workers - len(values))
 
 
 def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
@@ -146,58 +181,66 @@ def machine_of(run: Run, load: pd.DataFrame | None) -> Machine:
             cores[0] = float(counted.max())
     scheduler = 0.0
     if len(hosts) == 1:  # a local cluster: the scheduler's process shares the host
-        scheduler = scheduler_seconds(run, load)
-        if math.isnan(scheduler):  # not measured: its mean CPU
-            background[0], scheduler = _mean_cpu(during, SCHEDULER), 0.0
-    loop = loop_seconds(run, load)
+        measured = scheduler_seconds(run, load)
+        if math.isnan(measured.per_task):  # not measured: its mean CPU
+            background[0] = _mean_cpu(during, SCHEDULER)
+        else:
+            scheduler, background[0] = measured
+    loop, rest = [], []
     cpu = task_cpu(run)
-    for w, (worker, h) in enumerate(zip(run.workers, host)):
-        if math.isnan(loop[w]):  # not measured: its process's mean CPU besides its tasks
+    for w, (worker, measured) in enumerate(zip(run.workers, loop_seconds(run, load))):
+        if math.isnan(measured.per_task):  # not measured: its mean CPU besides its tasks
             tasks = float(cpu[run.worker == w].sum()) / max(run.makespan, WAIT_CPU)
-            background[h] += max(_mean_cpu(during, worker) - tasks, 0.0)
-            loop[w] = 0.0
+            background[host[w]] += max(_mean_cpu(during, worker) - tasks, 0.0)
+            measured = Besides(0.0, 0.0)
+        loop.append(measured.per_task)
+        rest.append(measured.rest)
     machine = Machine(host, cores, background, gil_shares(run, during, n_labels), most,
-                      loop, scheduler)
+                      loop, rest, scheduler)
     held = gil_held(run, host, cores, core_waits(run, machine), n_labels)
     machine.gil = np.where(np.isnan(machine.gil) & held, most, machine.gil)
     return machine
 
 
-def loop_seconds(run: Run, load: pd.DataFrame) -> list[float]:
-    """Each worker's CPU seconds besides its tasks' threads, per task: what its event loop
-    did for each (received it, reported it, sent and fetched data, a shuffle's comms).
+def loop_seconds(run: Run, load: pd.DataFrame) -> list[Besides]:
+    """Each worker's CPU besides its tasks' threads: what its event loop did for each of
+    its tasks (received it, reported it, sent and fetched data, a shuffle's comms), and
+    at rest.
 
     Between the two samples of the worker's CPU seconds (``cpu_time``) that
     bracket its tasks (the last before its first began and the first after its
     last ended, or the nearest there are), its process used their difference,
-    and its tasks' threads their CPU seconds inside; the rest is shared by the
-    tasks that ended between them.  NaN without two such samples: a load
-    recorded before ``cpu_time`` was, or a worker that shares its process with
-    others (a cluster of threads), whose CPU seconds are not its own.
+    and its tasks' threads their CPU seconds inside.  Of the rest, the
+    intervals between samples in which none of its tasks began or ended give
+    its use at rest (their median cores; none without such an interval), and
+    the tasks that ended between the two share what is left.  NaN without two
+    such samples: a load recorded before ``cpu_time`` was, or a worker that
+    shares its process with others (a cluster of threads), whose CPU seconds
+    are not its own.
     """
     begin, end, _ = recorded(run)
     cpu = task_cpu(run)
-    return [_per_task(load, worker, begin, end, cpu, np.flatnonzero(run.worker == w),
-                      run.origin) for w, worker in enumerate(run.workers)]
+    return [_besides(load, worker, begin, end, cpu, np.flatnonzero(run.worker == w),
+                     run.origin) for w, worker in enumerate(run.workers)]
 
 
-def scheduler_seconds(run: Run, load: pd.DataFrame) -> float:
-    """The scheduler's CPU seconds per task of the run (its process's, as
+def scheduler_seconds(run: Run, load: pd.DataFrame) -> Besides:
+    """The scheduler's CPU seconds per task of the run, and at rest (its process's, as
     :func:`loop_seconds` measures a worker's over all the run's tasks, none of them
     its own): it hears each task's end, sends the tasks it freed and answers the
     client.  NaN where its CPU seconds were not sampled."""
     begin, end, _ = recorded(run)
-    return _per_task(load, SCHEDULER, begin, end, np.zeros(run.n_tasks),
-                     np.arange(run.n_tasks), run.origin)
+    return _besides(load, SCHEDULER, begin, end, np.zeros(run.n_tasks),
+                    np.arange(run.n_tasks), run.origin)
 
 
-def _per_task(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarray,
-              cpu: np.ndarray, mine: np.ndarray, origin: float) -> float:
-    """``process``'s CPU seconds besides the CPU seconds ``cpu`` of its tasks ``mine`` (of
-    runs from ``begin`` to ``end``, seconds from ``origin``), per task of them that ended
-    between the two samples bracketing them (NaN without two)."""
+def _besides(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarray,
+             cpu: np.ndarray, mine: np.ndarray, origin: float) -> Besides:
+    """``process``'s CPU besides the CPU seconds ``cpu`` of its tasks ``mine`` (of runs from
+    ``begin`` to ``end``, seconds from ``origin``), per task of them that ended between
+    the two samples bracketing them and at rest (NaN without two)."""
     if not len(mine) or "cpu_time" not in load:
-        return math.nan
+        return Besides(math.nan, math.nan)
     samples = load[(load["process"] == process) & load["cpu_time"].notna()]
     at = samples["time"].to_numpy() - origin
     since, until = begin[mine].min(), end[mine].max()
@@ -205,14 +248,25 @@ def _per_task(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarr
     last = min(int(np.searchsorted(at, until)), len(at) - 1)
     ended = (end[mine] > at[first]) & (end[mine] <= at[last]) if last > first else False
     if not np.any(ended):
-        return math.nan
-    used = samples["cpu_time"].to_numpy()
-    wall = end[mine] - begin[mine]
-    inside = np.clip(np.minimum(end[mine], at[last]) - np.maximum(begin[mine], at[first]),
-                     0.0, None)
-    part = np.divide(inside, wall, out=ended.astype(float), where=wall > 0)
-    besides = used[last] - used[first] - float((cpu[mine] * part).sum())
-    return max(besides, 0.0) / int(ended.sum())
+        return Besides(math.nan, math.nan)
+    at, used = at[first:last + 1], samples["cpu_time"].to_numpy()[first:last + 1]
+    besides = np.diff(used) - np.diff(_cpu_until(at, begin[mine], end[mine], cpu[mine]))
+    moved = np.searchsorted(at, np.concatenate([begin[mine], end[mine]]), side="left")
+    quiet = np.ones(len(at) - 1, bool)
+    quiet[np.clip(moved - 1, 0, len(quiet) - 1)] = False
+    rest = (float(np.median(np.clip(besides[quiet] / np.diff(at)[quiet], 0.0, None)))
+            if quiet.any() else 0.0)
+    left = float(besides.sum()) - rest * float(at[-1] - at[0])
+    return Besides(max(left, 0.0) / int(ended.sum()), rest)
+
+
+def _cpu_until(at: np.ndarray, begin: np.ndarray, end: np.ndarray,
+               cpu: np.ndarray) -> np.ndarray:
+    """The CPU seconds ``cpu`` of runs from ``begin`` to ``end`` spent up to each moment
+    of ``at``, each run's spread evenly over it."""
+    rate = np.divide(cpu, end - begin, out=np.zeros_like(cpu), where=end > begin)
+    moments, area = _area(begin, end, rate)
+    return np.interp(at, moments, area)
 
 
 def core_waits(run: Run, machine: Machine) -> np.ndarray:
@@ -234,6 +288,7 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
         loops = sum(seconds * float(np.sum(run.worker == w))
                     for w, seconds in enumerate(machine.loop) if machine.host[w] == h)
         asked = (_demand(begin[mine], end[mine], wanted) + machine.background[h]
+                 + machine.host_rest(h)
                  + loops / max(run.makespan, WAIT_CPU)
                  + (machine.scheduler_cores(run) if h == 0 else 0.0))
         explained[mine] = np.minimum(waited[mine],
@@ -242,15 +297,23 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
 
 
 def _demand(begin: np.ndarray, end: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The mean, over each task's run, of the cores the tasks running then wanted: the
-    cores wanted from each moment to the next (the runs begun less those ended), summed
-    over time up to each moment, from a task's begin to its end."""
-    moments = np.unique(np.concatenate([begin, end]))
+    """The mean, over each task's run, of the cores the tasks running then wanted."""
+    moments, area = _area(begin, end, wanted)
     first, last = np.searchsorted(moments, begin), np.searchsorted(moments, end)
-    step = np.bincount(first, wanted, len(moments)) - np.bincount(last, wanted, len(moments))
-    area = np.concatenate([[0.0], np.cumsum(np.cumsum(step)[:-1] * np.diff(moments))])
     return np.divide(area[last] - area[first], end - begin, out=wanted.copy(),
                      where=end > begin)
+
+
+def _area(begin: np.ndarray, end: np.ndarray, rate: np.ndarray,
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """The moments at which runs from ``begin`` to ``end`` begin or end, and the sum of
+    their ``rate`` over time up to each: from each moment to the next, the rates of the
+    runs begun less those ended."""
+    moments = np.unique(np.concatenate([begin, end]))
+    first, last = np.searchsorted(moments, begin), np.searchsorted(moments, end)
+    step = np.bincount(first, rate, len(moments)) - np.bincount(last, rate, len(moments))
+    return moments, np.concatenate([[0.0], np.cumsum(np.cumsum(step)[:-1]
+                                                     * np.diff(moments))])
 
 
 def _during(load: pd.DataFrame, begin: float, end: float) -> pd.DataFrame:

@@ -28,7 +28,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import crux_dask
-from crux_dask.machine import loop_seconds, machine_of
+from crux_dask.machine import Besides, loop_seconds, machine_of
 from crux_dask.recording import extract
 from crux_dask.sharing import Sharing, task_cpu
 from crux_dask.whatif import what_if
@@ -115,17 +115,24 @@ def test_attach_samples_each_worker_s_cpu_seconds_before_the_first_run():
             "scheduler"}
 
 
-def test_a_worker_s_loop_is_its_process_cpu_besides_its_tasks():
-    # 300 tasks of a few milliseconds each: the worker's process, measured from outside,
-    # used CPU seconds besides its tasks' threads; the loop seconds per task account
-    # for them.
+def _slept(seconds: float) -> float:
+    """A task that waits ``seconds`` off the CPU."""
+    time.sleep(seconds)
+    return seconds
+
+
+def _measured(wait: float) -> Besides:
+    """The loop of a worker of one thread that ran 50 tasks of a few milliseconds each
+    and, with ``wait``, one that waits that long; checked against its process's CPU
+    seconds besides its tasks' threads, measured from outside."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         crux_dask.attach(client)
         (pid,) = client.run(os.getpid).values()
         process = psutil.Process(pid)
         before = sum(process.cpu_times()[:2])
-        dask.compute([dask.delayed(_work)(i) for i in range(300)])
+        dask.compute([dask.delayed(_work)(i) for i in range(50)]
+                     + [dask.delayed(_slept)(wait)] * (wait > 0))
         used = sum(process.cpu_times()[:2]) - before
         ended = time.time()
         pag = crux_dask.get_pag(client)
@@ -134,7 +141,25 @@ def test_a_worker_s_loop_is_its_process_cpu_besides_its_tasks():
     (loop,) = loop_seconds(run, load)
     besides = used - float(task_cpu(run).sum())
     assert besides > 0.05  # the loop did work: what follows could fail
-    assert loop * run.n_tasks == pytest.approx(besides, rel=0.3, abs=0.02)
+    assert loop.per_task * run.n_tasks + loop.rest * run.makespan == pytest.approx(
+        besides, rel=0.3, abs=0.02), (loop, run.n_tasks, run.makespan)
+    return loop
+
+
+def _slept(seconds: float) -> float:
+    """A task that waits ``seconds`` off the CPU."""
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_worker_s_loop_is_its_process_cpu_besides_its_tasks():
+    # The worker's process, measured from outside, used CPU seconds besides its tasks'
+    # threads; the loop seconds per task, and at rest over the run, account for them.
+    # A task that waits 5 s adds seconds at rest, not seconds per task.
+    busy, waited = _measured(0.0), _measured(5.0)
+    assert waited.rest > 0
+    # Per task, counted over the run, the rest would have added a third or more.
+    assert 0.5 * busy.per_task < waited.per_task < 1.25 * busy.per_task, (busy, waited)
 
 
 def test_a_load_exported_before_cpu_seconds_reads_without_them(tmp_path):

@@ -258,13 +258,14 @@ def test_the_scheduler_s_work_takes_cores_from_more_workers_as_a_real_run_shows(
     for one, other in zip(played, constant):
         assert one.makespan > other.makespan * 1.04, (one.summary(), other.summary())
     # On a shared machine a run takes the time of whatever else runs: in CI five real runs
-    # in a row went 1.10 -> 1.73 s, three recordings in a row were all predicted longer
-    # than any of five real runs after them, and here two recordings in a row took 1.36
-    # and 2.29 s.  What else runs only adds time, and the rounds spread it over both: the
-    # fastest prediction is checked against the fastest real run (-1 to +22 % in six
-    # runs here).
-    fastest = min(one.makespan for one in played)
-    assert fastest == pytest.approx(min(runs), rel=0.3), (fastest, runs)
+    # in a row went 1.10 -> 1.73 s, and here two recordings in a row took 1.36 and 2.29 s.
+    # The rounds spread a slow spell over both sides, and their medians leave out a run
+    # slowed, or one lucky (in CI the fastest of six real runs took 1.12 s, the others
+    # up to 1.85 s, and the fastest prediction was 39 % above it).  Here the median
+    # prediction was -1 to +11 % off the median real run in four runs of this test.
+    predicted = float(np.median([one.makespan for one in played]))
+    assert predicted == pytest.approx(float(np.median(runs)), rel=0.3), (
+        [one.makespan for one in played], runs)
 
 
 def _spun(workers: int, times: int = 1) -> tuple[crux_dask.PAG, pd.DataFrame, list[float]]:

@@ -146,12 +146,6 @@ def _measured(wait: float) -> Besides:
     return loop
 
 
-def _slept(seconds: float) -> float:
-    """A task that waits ``seconds`` off the CPU."""
-    time.sleep(seconds)
-    return seconds
-
-
 def test_a_worker_s_loop_is_its_process_cpu_besides_its_tasks():
     # The worker's process, measured from outside, used CPU seconds besides its tasks'
     # threads; the loop seconds per task, and at rest over the run, account for them.

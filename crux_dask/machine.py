@@ -250,7 +250,9 @@ def _besides(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarra
     if not np.any(ended):
         return Besides(math.nan, math.nan)
     at, used = at[first:last + 1], samples["cpu_time"].to_numpy()[first:last + 1]
-    besides = np.diff(used) - np.diff(_cpu_until(at, begin[mine], end[mine], cpu[mine]))
+    wall = end[mine] - begin[mine]  # each task's CPU seconds spread evenly over its run
+    rate = np.divide(cpu[mine], wall, out=np.zeros_like(wall), where=wall > 0)
+    besides = np.diff(used) - np.diff(_integral(begin[mine], end[mine], rate, at))
     moved = np.searchsorted(at, np.concatenate([begin[mine], end[mine]]), side="left")
     quiet = np.ones(len(at) - 1, bool)
     quiet[np.clip(moved - 1, 0, len(quiet) - 1)] = False
@@ -258,15 +260,6 @@ def _besides(load: pd.DataFrame, process: str, begin: np.ndarray, end: np.ndarra
             if quiet.any() else 0.0)
     left = float(besides.sum()) - rest * float(at[-1] - at[0])
     return Besides(max(left, 0.0) / int(ended.sum()), rest)
-
-
-def _cpu_until(at: np.ndarray, begin: np.ndarray, end: np.ndarray,
-               cpu: np.ndarray) -> np.ndarray:
-    """The CPU seconds ``cpu`` of runs from ``begin`` to ``end`` spent up to each moment
-    of ``at``, each run's spread evenly over it."""
-    rate = np.divide(cpu, end - begin, out=np.zeros_like(cpu), where=end > begin)
-    moments, area = _area(begin, end, rate)
-    return np.interp(at, moments, area)
 
 
 def core_waits(run: Run, machine: Machine) -> np.ndarray:
@@ -298,22 +291,21 @@ def core_waits(run: Run, machine: Machine) -> np.ndarray:
 
 def _demand(begin: np.ndarray, end: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """The mean, over each task's run, of the cores the tasks running then wanted."""
-    moments, area = _area(begin, end, wanted)
-    first, last = np.searchsorted(moments, begin), np.searchsorted(moments, end)
-    return np.divide(area[last] - area[first], end - begin, out=wanted.copy(),
-                     where=end > begin)
+    spent = _integral(begin, end, wanted, np.concatenate([begin, end]))
+    return np.divide(spent[len(begin):] - spent[:len(begin)], end - begin,
+                     out=wanted.copy(), where=end > begin)
 
 
-def _area(begin: np.ndarray, end: np.ndarray, rate: np.ndarray,
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """The moments at which runs from ``begin`` to ``end`` begin or end, and the sum of
-    their ``rate`` over time up to each: from each moment to the next, the rates of the
-    runs begun less those ended."""
+def _integral(begin: np.ndarray, end: np.ndarray, rate: np.ndarray,
+              at: np.ndarray) -> np.ndarray:
+    """The sum of the ``rate`` of runs from ``begin`` to ``end`` over time, up to each
+    moment of ``at``: from each moment a run begins or ends to the next, the rates of
+    the runs begun less those ended."""
     moments = np.unique(np.concatenate([begin, end]))
     first, last = np.searchsorted(moments, begin), np.searchsorted(moments, end)
     step = np.bincount(first, rate, len(moments)) - np.bincount(last, rate, len(moments))
-    return moments, np.concatenate([[0.0], np.cumsum(np.cumsum(step)[:-1]
-                                                     * np.diff(moments))])
+    area = np.concatenate([[0.0], np.cumsum(np.cumsum(step)[:-1] * np.diff(moments))])
+    return np.interp(at, moments, area)
 
 
 def _during(load: pd.DataFrame, begin: float, end: float) -> pd.DataFrame:

@@ -29,12 +29,14 @@ __all__ = ["LOAD_COLUMNS", "SCHEDULER", "LoadLog", "describe", "load_frame", "st
 #: late its event loop ran, in seconds), the tasks its threads were executing
 #: (``busy``) of its ``threads``, its host's ``cores``, its ``gil``
 #: contention (the share of time a thread waited for the GIL) and its
-#: ``cpu_time``, the CPU seconds it has used since it started (all its threads);
-#: NaN where not measured.
+#: ``cpu_time``, the CPU seconds it has used since it started (all its threads),
+#: and when distributed's system monitor ``measured`` its ``cpu`` and ``gil`` (the
+#: scheduler's clock; a heartbeat carries the monitor's last reading, which a task
+#: holding the GIL makes older than the heartbeat before); NaN where not measured.
 LOAD_COLUMNS: dict[str, str] = {
     "process": "str", "time": "float64", "cpu": "float64", "lag": "float64",
     "busy": "float64", "threads": "float64", "cores": "float64", "gil": "float64",
-    "cpu_time": "float64",
+    "cpu_time": "float64", "measured": "float64",
 }
 #: The process name of the scheduler in the load table.
 SCHEDULER = "scheduler"
@@ -74,10 +76,11 @@ class LoadLog:
 
     def add(self, process: str, time: float, cpu: float = _NAN, lag: float = _NAN,
             busy: float = _NAN, threads: float = _NAN, cores: float = _NAN,
-            gil: float = _NAN, cpu_time: float = _NAN) -> None:
+            gil: float = _NAN, cpu_time: float = _NAN, measured: float = _NAN) -> None:
         """Keep one sample (its fields those of :data:`LOAD_COLUMNS`)."""
         self._codes.append(self._processes.setdefault(process, len(self._processes)))
-        self._numbers.extend((time, cpu, lag, busy, threads, cores, gil, cpu_time))
+        self._numbers.extend((time, cpu, lag, busy, threads, cores, gil, cpu_time,
+                             measured))
         extra = len(self._codes) - self.most
         if extra >= max(self.most // 10, 1):  # let the oldest go, a tenth at a time
             del self._codes[:extra]

@@ -64,14 +64,15 @@ __all__ = [
     "write_dataset",
 ]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: Versions :func:`read_dataset` reads: version 1 had no causes or moments,
 #: version 2 no computations and spans, version 3 no task priorities, version
 #: 4 no seconds on files nor times of submission, version 5 no first sending
 #: of tasks sent again, version 6 no moment the scheduler learnt a task finished
 #: nor stages of a path's scheduling nor load, version 7 no CPU seconds of tasks
-#: nor their waits for a core, version 8 no CPU seconds of each process in the load.
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+#: nor their waits for a core, version 8 no CPU seconds of each process in the load,
+#: version 9 no moment its system monitor measured each sample.
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 #: Columns an earlier schema version did not write, as ``(table, column)``:
 #: they read as not recorded.
 LATER_COLUMNS = frozenset({("moments", "priority"), ("moments", "io"), ("wcp", "io"),
@@ -80,7 +81,8 @@ LATER_COLUMNS = frozenset({("moments", "priority"), ("moments", "io"), ("wcp", "
                            ("moments", "announced"), ("wcp", "report"), ("wcp", "scheduler"),
                            ("wcp", "dispatch"), ("wcp", "worker"), ("moments", "cpu"),
                            ("moments", "cpu_wait"), ("tasks", "compute_cpu"),
-                           ("tasks", "compute_cpu_wait"), ("load", "cpu_time")})
+                           ("tasks", "compute_cpu_wait"), ("load", "cpu_time"),
+                           ("load", "measured")})
 TABLES = ("states", "mutations", "causes", "moments", "scopes", "tasks", "transitions", "wcp",
           "load", "functions", "groups")
 METADATA = "metadata.json"

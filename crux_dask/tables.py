@@ -60,6 +60,7 @@ def schemas() -> dict[str, Any]:
             ("process", text), ("time", pa.float64()), ("cpu", pa.float64()),
             ("lag", pa.float64()), ("busy", pa.float64()), ("threads", pa.float64()),
             ("cores", pa.float64()), ("gil", pa.float64()), ("cpu_time", pa.float64()),
+            ("measured", pa.float64()),
         ]),
         "functions": pa.schema([
             ("group", pa.string()), ("prefix", text), ("module", text),

@@ -1,9 +1,10 @@
 """The scheduler's sampler of the load of itself and of its workers, from distributed's
 own measures.
 
-Every worker's heartbeat carries its metrics (its system monitor's CPU and,
-where enabled, GIL contention; the mean interval of its event loop's ticks;
-the tasks it is executing); the worker plugin adds its host's cores
+Every worker's heartbeat carries its metrics (its system monitor's last reading
+of its CPU and, where enabled, GIL contention, and the moment of that reading;
+the mean interval of its event loop's ticks; the tasks it is executing); the
+worker plugin adds its host's cores
 (:data:`~crux_dask.plugins.protocol.CORES_METRIC`) and its process's CPU seconds
 so far (:data:`~crux_dask.plugins.protocol.CPU_TIME_METRIC`).  The scheduler's own
 CPU and GIL come from its system monitor, its CPU seconds from its process's
@@ -70,7 +71,8 @@ class LoadSampler:
         self._due = now + self.interval
         recent = self.scheduler.monitor.recent()
         self.log.add(SCHEDULER, now, _share(recent.get("cpu")), lag, cores=float(CPU_COUNT),
-                     gil=_number(recent.get("gil_contention")), cpu_time=time.process_time())
+                     gil=_number(recent.get("gil_contention")), cpu_time=time.process_time(),
+                     measured=_number(recent.get("time")))
         self._sample_workers()
 
     async def hear_workers(self, since: float, timeout: float = HEAR_TIMEOUT) -> None:
@@ -106,12 +108,15 @@ class LoadSampler:
             self._heard[address] = heard
             interval = _number(metrics.get("event_loop_interval"))
             counts = metrics.get("task_counts")  # of the states a task is in; none: 0
+            # The monitor's reading is as old as its time: on the worker's clock, which the
+            # heartbeat's delay (its latency and the clocks' offset) takes to the scheduler's.
             self.log.add(address, ws.last_seen, _share(metrics.get("cpu")),
                          max(interval - self._tick, 0.0) if interval == interval else _NAN,
                          _number(counts.get("executing", 0)) if isinstance(counts, dict)
                          else _NAN, float(ws.nthreads), _number(metrics.get(CORES_METRIC)),
                          _number(metrics.get("gil_contention")),
-                         _number(metrics.get(CPU_TIME_METRIC)) if address in alone else _NAN)
+                         _number(metrics.get(CPU_TIME_METRIC)) if address in alone else _NAN,
+                         _number(heard) + ws.time_delay)
         for address in set(self._heard) - set(self.scheduler.workers):
             del self._heard[address]
 

@@ -28,17 +28,19 @@ if TYPE_CHECKING:
 
     from crux_dask.runs import Run
 
-__all__ = ["CPU_USER", "HELD_CORES", "KNOCK_WAIT", "cpu_users", "gil_held", "gil_most",
-           "gil_shares"]
+__all__ = ["CPU_USER", "HELD_CORES", "KNOCK_WAIT", "covered", "cpu_users", "gil_held",
+           "gil_most", "gil_shares"]
 
 #: The GIL contention distributed's monitor reads of a worker whose GIL a task holds
 #: all the time: its probe asks for the GIL every millisecond (its default
 #: polling interval) and waits for the holder to let go, which CPython asks of it
 #: after its switch interval (5 ms): 5 / (5 + 1).
 KNOCK_WAIT = 0.005 / (0.005 + 0.001)
-#: The seconds before a load sample that its GIL contention may cover: distributed's
-#: system monitor measures it over its update interval (500 ms), and the worker
-#: sends the last one with its heartbeat, up to another interval later.
+#: The most seconds a load sample's GIL contention covers: distributed's system
+#: monitor measures it from its reading before to its own, every 500 ms, later while a
+#: task holds the GIL.  (A sample without the moment of its reading, in an export of
+#: schema version 9 or older, covers these seconds before its heartbeat, which sent the
+#: monitor's last reading, up to another interval earlier.)
 SAMPLE_SECONDS = 1.0
 #: A sample tells a label's GIL share when the label's tasks made most of the CPU
 #: demand of its window, and that demand was at least this share of one core.
@@ -57,13 +59,17 @@ HELD_CORES = 1.2
 def gil_shares(run: Run, load: pd.DataFrame, n_labels: int) -> np.ndarray:
     """The GIL share of each label, from the workers' GIL contention samples (NaN: none).
 
-    A sample covers the :data:`SAMPLE_SECONDS` before it on its worker; the
-    tasks running then ask for CPU in proportion to their overlap with it and
-    their density.  A sample whose demand is mostly one label's says that the
-    label held the GIL for ``contention / KNOCK_WAIT`` of the time its
-    demand was on the CPU; a label's share is the median over its samples.
-    A sample that may cover the time before the worker's first task (the
-    worker unpacking the graph, a library's first call) says nothing.
+    A sample covers its worker's time from the system monitor's reading before
+    it to its own (:func:`covered`); the tasks running then ask for CPU in
+    proportion to their overlap with it and their density.  A sample whose
+    demand is mostly one label's says that the label held the GIL for
+    ``contention / KNOCK_WAIT`` of the time its demand was on the CPU; a
+    label's share is the median over its samples.  A sample that may cover the
+    time before the worker's first task (the worker unpacking the graph, a
+    library's first call) says nothing, nor does a reading of exactly 0:
+    ``gilknocker`` sets its metric to 0 as the monitor reads it, and to a
+    measure only as one of its sampling rounds ends, which a task holding the
+    GIL holds back (a worker whose tasks let go of it reads 0.002-0.008).
     """
     found: dict[int, list[float]] = {}
     begin, end, density = recorded(run)
@@ -73,18 +79,17 @@ def gil_shares(run: Run, load: pd.DataFrame, n_labels: int) -> np.ndarray:
         if not len(mine):
             continue
         first = begin[mine].min()
-        for when, contention in zip(samples["time"].to_numpy() - run.origin,
-                                    samples["gil"].to_numpy()):
-            if when - SAMPLE_SECONDS < first:
+        windows = covered(samples) - run.origin
+        for (since, until), contention in zip(windows.T, samples["gil"].to_numpy()):
+            if since < first or contention == 0.0:
                 continue
-            overlap = (np.minimum(end[mine], when) - np.maximum(begin[mine], when
-                                                                  - SAMPLE_SECONDS))
+            overlap = np.minimum(end[mine], until) - np.maximum(begin[mine], since)
             inside = overlap > 0
             if not inside.any():
                 continue
             demand = np.bincount(run.label[mine][inside],
                                  overlap[inside] * density[mine][inside], n_labels)
-            total = demand.sum() / SAMPLE_SECONDS
+            total = demand.sum() / (until - since)
             top = int(demand.argmax())
             if total >= EVIDENCE_DEMAND and demand[top] >= EVIDENCE_SHARE * demand.sum():
                 found.setdefault(top, []).append(
@@ -93,6 +98,26 @@ def gil_shares(run: Run, load: pd.DataFrame, n_labels: int) -> np.ndarray:
     for label, values in found.items():
         shares[label] = float(np.median(values))
     return shares
+
+
+def covered(samples: pd.DataFrame) -> np.ndarray:
+    """``(since, until)``: the time each of one process's load samples measured, oldest
+    first, from the system monitor's reading before it to its own (at most
+    :data:`SAMPLE_SECONDS`), or the :data:`SAMPLE_SECONDS` before the sample where the
+    moment of its reading is not known.
+
+    The heartbeat that follows a task holding the GIL carries the reading from
+    before the task: the monitor's next one had waited for the GIL too.  In four
+    recordings of TPC-H Q3 on one thread, the heartbeat as its first ``astype``
+    (0.45 s, holding the GIL) ended carried 0.0-0.42; the monitor's next reading,
+    0.76-0.88.
+    """
+    measured = (samples["measured"].to_numpy(dtype=float) if "measured" in samples
+                else np.full(len(samples), np.nan))
+    known = np.isfinite(measured)
+    until = np.where(known, measured, samples["time"].to_numpy(dtype=float))
+    before = np.fmax(np.r_[np.nan, measured[:-1]], until - SAMPLE_SECONDS)
+    return np.stack([np.where(known, before, until - SAMPLE_SECONDS), until])
 
 
 def gil_most(run: Run, n_labels: int) -> np.ndarray:

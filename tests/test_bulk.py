@@ -200,7 +200,7 @@ def state_of(builder: PAGBuilder) -> dict:
     return found
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workflows())
 def test_windows_build_exactly_what_one_by_one_builds(flow):
     events, breaks = flow

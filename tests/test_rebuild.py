@@ -185,7 +185,7 @@ def assert_same_graph(live: PAGBuilder, offline: PAG) -> None:
             assert np.allclose(got.steps[part], expected.steps[part], atol=1e-9), part
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recorded_runs())
 def test_the_graph_read_back_from_its_tables_is_the_live_graph(batches):
     live = record(batches)

@@ -25,8 +25,6 @@ from crux_dask.load import LOAD_COLUMNS
 from crux_dask.machine import machine_of
 from crux_dask.recording import extract
 
-pytest.importorskip("gilknocker")
-
 WORKER = "tcp://127.0.0.1:1"
 
 
@@ -103,6 +101,7 @@ def _held(i: int, n: int) -> int:
 
 
 def test_a_task_that_holds_the_gil_in_one_call_is_read_holding_it():
+    pytest.importorskip("gilknocker")  # distributed's GIL contention monitor
     started = time.perf_counter()
     sum(range(2_000_000))
     n = int(2_000_000 * 0.45 / (time.perf_counter() - started))  # about 0.45 s a call

@@ -6,6 +6,7 @@ import time
 
 import dask
 import dask.array as da
+import numpy as np
 import pandas as pd
 import pytest
 from dask.core import flatten
@@ -91,12 +92,23 @@ def check_against_task_stream(pag, stream_data):
     computed = states[states["location"].str.startswith("memory@")
                       & states["thread"].notna()]
     index = computed.groupby("key")
-    missing = 0
+    # The task stream's times are the worker's, moved by distributed's estimate of its
+    # offset to the scheduler's clock (from its heartbeats: 21.5 ms wrong, in one process,
+    # in a run on a loaded machine); Crux's have its own.  The two may differ by one shift
+    # a worker, which stays within distributed's error; each task's end within 20 ms of it.
+    matched = {}
     for key, worker, thread, stop in computes:
         rows = index.get_group(key) if key in index.groups else computed.iloc[:0]
-        rows = rows[(rows["worker"] == worker) & (rows["thread"] == thread)
-                    & ((rows["time"] - stop).abs() <= 0.02)]
-        missing += len(rows) != 1
+        rows = rows[(rows["worker"] == worker) & (rows["thread"] == thread)]
+        matched[key, worker, thread, stop] = (rows["time"] - stop).tolist()
+    shifts = {}
+    for (_, worker, _, _), found in matched.items():
+        if len(found) == 1:
+            shifts.setdefault(worker, []).append(found[0])
+    shift = {worker: float(np.median(found)) for worker, found in shifts.items()}
+    assert all(abs(value) <= 0.1 for value in shift.values()), shift
+    missing = sum(len(found) != 1 or abs(found[0] - shift[worker]) > 0.02
+                  for (_, worker, _, _), found in matched.items())
     assert missing == 0
     assert len(computed) == len(computes)  # no extra computations either
 
